@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh clone (only python3 and make needed):
+#   make lab    set up .venv and open JupyterLab on notebooks/
+#   make test   set up .venv and run every test: unit tests, then the notebooks under nbval (quick mode)
+# Others: make run (execute all notebooks into build/, HTML + benchmark summary), make outputs
+# (re-execute notebooks in place to refresh committed outputs), make clean.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.btlib-installed
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
+
+.PHONY: setup lab test unit notebooks-test run outputs clean
+
+$(STAMP): pyproject.toml requirements/pins.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -c requirements/pins.txt -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+test: setup
+	@mkdir -p build/bench
+	BTLIB_QUICK=1 BTLIB_RESULTS_DIR=$(CURDIR)/build/bench $(BIN)/python -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+	$(BIN)/python -m btlib.bench summary build/bench
+
+unit: setup
+	$(BIN)/python -m pytest tests -p no:cacheprovider
+
+run: setup
+	$(BIN)/python -m btlib.workbook run
+
+outputs: setup
+	$(BIN)/python -m btlib.workbook refresh $(or $(NB),notebooks/[0-9]*.ipynb)
+
+clean:
+	rm -rf build .venv

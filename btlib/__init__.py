@@ -1,0 +1,37 @@
+"""btlib: fast Transformer-encoder inference in PyTorch, and the workbook that teaches it.
+
+Importing btlib is cheap: no kernel is compiled and no device is queried until used.
+
+    btlib.reference_attention(q, k, v, lengths=...)      the plain oracle, (B, H, T, D)
+    btlib.attention(q, k, v, lengths=..., backend=)      fused kernels from the registry
+    btlib.varlen_attention(q, k, v, cu_seqlens, max_seqlen)   packed tokens, no padding work
+    btlib.pack / unpack / lengths_to_cu_seqlens ...      the packed-token format
+    btlib.explain_fastpath(module, src, mask)            why PyTorch's fastpath does (not) run
+    python -m btlib.bench list | run NAME                benchmarks
+"""
+
+from .attention import attention, varlen_attention
+from .fastpath import FastpathReport, explain_fastpath, ops_that_ran
+from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
+from .nested import nested_to_packed, nested_to_padded, packed_to_nested, padded_to_nested
+from .padding import (
+    Packed,
+    cu_seqlens_to_lengths,
+    lengths_to_cu_seqlens,
+    lengths_to_padding_mask,
+    pack,
+    padding_mask_to_lengths,
+    unpack,
+)
+from .reference import reference_attention, reference_varlen_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
+    "explain_fastpath", "FastpathReport", "ops_that_ran",
+    "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",
+    "lengths_to_padding_mask", "padding_mask_to_lengths",
+    "packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded",
+    "uniform_lengths", "zipf_lengths", "padding_stats", "PaddingStats",
+]

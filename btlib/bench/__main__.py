@@ -1,0 +1,55 @@
+"""Command line: ``python -m btlib.bench list``, ``run NAME [--quick] [--threads N] [--json PATH]``, ``summary [PATH ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import load_all, load_rows, run, table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m btlib.bench", description="btlib's benchmarks")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="list the declared benchmarks")
+    r = sub.add_parser("run", help="check, then time, every provider of one benchmark")
+    r.add_argument("name")
+    r.add_argument("--quick", action="store_true", help="small sizes (as CI runs them)")
+    r.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
+    r.add_argument("--json", default=None, help="write the rows to this JSON-lines file")
+    s = sub.add_parser("summary", help="print a table of saved rows")
+    s.add_argument("paths", nargs="*", default=["build/bench"], help="JSON-lines files or directories")
+    args = parser.parse_args(argv)
+
+    benches = load_all()
+    if args.cmd == "list":
+        for name, b in sorted(benches.items()):
+            print(f"{name:28s} x={b.x_name:8s} {b.description}")
+        return 0
+    if args.cmd == "run":
+        if args.name not in benches:
+            print(f"unknown benchmark {args.name!r}; try: {', '.join(sorted(benches))}", file=sys.stderr)
+            return 2
+        bench = benches[args.name]
+        rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json,
+                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+        env = rows[0]["env"] if rows else {}
+        print(f"# {env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')}, gpu: {env.get('gpu')}")
+        print(table(rows, bench.baseline))
+        return 1 if any(r["status"] == "wrong" for r in rows) else 0
+    rows = load_rows(args.paths)
+    if not rows:
+        print(f"no benchmark rows in {' '.join(args.paths)}")
+        return 0
+    by_bench: dict[str, list[dict]] = {}
+    for row in rows:
+        by_bench.setdefault(row["benchmark"], []).append(row)
+    for name, rs in by_bench.items():
+        env = rs[0]["env"]
+        print(f"\n## {name}  ({env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')})")
+        print(table(rs, benches[name].baseline if name in benches else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

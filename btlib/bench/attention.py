@@ -1,0 +1,104 @@
+"""Attention benchmarks, with every registered kernel as a provider.
+
+- ``attention_dense``: (B, H, T, D) without padding, time against T. FLOPs 4 B H T^2 D
+  (QK^T and PV); bytes 16 B H T D (read q, k, v, write o in fp32): what a fused kernel must move.
+- ``attention_varlen``: one batch at a chosen padding fraction, padded kernels (which compute
+  the padding) against varlen kernels on the packed tokens. Useful FLOPs 4 H D sum(L_i^2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import kernels, relative_error
+from ..lengths import uniform_lengths
+from ..padding import pack
+from ..reference import reference_attention
+from .core import Benchmark, Provider, declare
+
+
+def _attn_flops(p: dict) -> float:
+    return 4.0 * p["B"] * p["H"] * p["T"] ** 2 * p["D"]
+
+
+def _attn_bytes(p: dict) -> float:
+    return 16.0 * p["B"] * p["H"] * p["T"] * p["D"]
+
+
+def _qkv(B: int, H: int, T: int, D: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g) for _ in range(3)]
+
+
+def _dense_inputs(p: dict) -> dict:
+    q, k, v = _qkv(p["B"], p["H"], p["T"], p["D"], p.get("seed", 0))
+    return {"q": q, "k": k, "v": v}
+
+
+def _dense_providers() -> list[Provider]:
+    return [Provider(k.name, lambda x, k=k: k.fn(x["q"], x["k"], x["v"], lengths=None, causal=False, scale=None),
+                     available=lambda k=k: k.available(), label=k.description)
+            for k in kernels("padded") if "cpu" in k.devices]
+
+
+declare(Benchmark(
+    name="attention_dense",
+    description="attention on (B, H, T, D) without padding, fp32, every padded kernel",
+    x_name="T", x_vals=(128, 256, 512, 1024),
+    providers=_dense_providers,
+    make_inputs=_dense_inputs,
+    reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
+    error=lambda out, ref, x: relative_error(out, ref),
+    tol=1e-5,
+    params={"B": 8, "H": 12, "D": 64},
+    quick={"B": 2, "H": 2, "D": 32, "x_vals": (32, 97)},
+    flops=_attn_flops, bytes=_attn_bytes, baseline="torch_sdpa",
+))
+
+
+def _varlen_inputs(p: dict) -> dict:
+    B, H, T, D = p["B"], p["H"], p["T"], p["D"]
+    lengths = uniform_lengths(B, T, p["padding"], seed=p.get("seed", 0))
+    q, k, v = _qkv(B, H, T, D, p.get("seed", 0))
+    packed = [pack(x.transpose(1, 2), lengths).tokens.contiguous() for x in (q, k, v)]  # (total, H, D)
+    cu_seqlens, max_seqlen = pack(q.transpose(1, 2), lengths)[1:]
+    return {"q": q, "k": k, "v": v, "lengths": lengths, "packed": packed, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+
+
+def _varlen_reference(x: dict) -> dict:
+    out = reference_attention(x["q"], x["k"], x["v"], lengths=x["lengths"])  # (B, H, T, D), padded rows 0
+    return {"padded": out, "packed": pack(out.transpose(1, 2), x["lengths"]).tokens}
+
+
+def _varlen_error(out: torch.Tensor, ref: dict, x: dict) -> float:
+    return relative_error(out, ref["padded"] if out.dim() == 4 else ref["packed"])
+
+
+def _varlen_providers() -> list[Provider]:
+    padded = [Provider(k.name, lambda x, k=k: k.fn(x["q"], x["k"], x["v"], lengths=x["lengths"], causal=False, scale=None),
+                       available=lambda k=k: k.available(), label=k.description)
+              for k in kernels("padded") if "cpu" in k.devices and k.name != "reference"]
+    varlen = [Provider(k.name, lambda x, k=k: k.fn(*x["packed"], x["cu_seqlens"], x["max_seqlen"], causal=False, scale=None),
+                       available=lambda k=k: k.available(), label=k.description)
+              for k in kernels("varlen") if "cpu" in k.devices and k.name != "reference_varlen"]
+    return padded + varlen
+
+
+def _varlen_flops(p: dict) -> float:
+    L = uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0)).double()
+    return 4.0 * p["H"] * p["D"] * float((L**2).sum())
+
+
+declare(Benchmark(
+    name="attention_varlen",
+    description="attention on a padded batch at a given padding fraction: padded kernels vs varlen kernels on packed tokens",
+    x_name="padding", x_vals=(0.0, 0.25, 0.5, 0.75),
+    providers=_varlen_providers,
+    make_inputs=_varlen_inputs,
+    reference=_varlen_reference,
+    error=_varlen_error,
+    tol=1e-5,
+    params={"B": 8, "H": 12, "D": 64, "T": 512},
+    quick={"B": 4, "H": 2, "D": 32, "T": 64, "x_vals": (0.0, 0.5)},
+    flops=_varlen_flops, baseline="torch_sdpa",
+))

@@ -1,0 +1,227 @@
+"""The benchmark harness: benchmarks declared as data, one runner that checks before it times.
+
+A :class:`Benchmark` names an x axis, the providers to compare, how to build inputs for one
+point, the reference output and the FLOP/byte counts. :func:`run` then, for each x value:
+
+1. builds the inputs and the reference output once;
+2. for each provider: skips it with the reason if it cannot run here; runs it once and
+   compares with the reference (a provider that disagrees is reported and *not* timed);
+3. warms up, times repeated calls (CUDA events on a GPU, perf_counter on a CPU) and records
+   median / min / max in ms, GFLOP/s and GB/s from the declared counts;
+4. returns rows (and writes them as JSON lines) with the machine described in each row.
+
+Ratios between providers are only meaningful within one run: same process, same threads,
+same inputs, interleaved in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["Provider", "Benchmark", "run", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare"]
+
+
+def quick_mode() -> bool:
+    """True when BTLIB_QUICK is set to 1/true/yes: notebooks and benchmarks use their small sizes (CI)."""
+    return os.environ.get("BTLIB_QUICK", "").lower() in ("1", "true", "yes")
+
+
+def results_dir() -> Path | None:
+    """Where benchmark rows are saved (BTLIB_RESULTS_DIR), or None to save nothing."""
+    d = os.environ.get("BTLIB_RESULTS_DIR")
+    return Path(d) if d else None
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One contender. fn(inputs) -> output; available() -> None, or why it cannot run here.
+
+    checked=False marks a yardstick that computes something else on purpose (e.g. the "ideal"
+    run on a batch without padding); it is timed but not compared with the reference.
+    """
+
+    name: str
+    fn: Callable[[Any], Any]
+    available: Callable[[], str | None] = lambda: None
+    label: str | None = None
+    checked: bool = True
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark as data.
+
+    make_inputs(params) -> dict of named inputs, where params = {**params, **quick params if
+    quick, x_name: x} (the first tensor in it tells the device, hence CPU or CUDA timing).
+    reference(inputs) -> the output every provider must match; error(out, ref, inputs) -> float
+    must be <= tol. flops(params) and bytes(params) give the work per call (None: not reported).
+    baseline: the provider that speedups are stated against.
+    """
+
+    name: str
+    description: str
+    x_name: str
+    x_vals: Sequence[Any]
+    providers: Callable[[], Sequence[Provider]]
+    make_inputs: Callable[[dict], dict]
+    reference: Callable[[Any], Any]
+    error: Callable[[Any, Any, Any], float]
+    tol: float
+    params: dict = field(default_factory=dict)
+    quick: dict = field(default_factory=dict)
+    flops: Callable[[dict], float] | None = None
+    bytes: Callable[[dict], float] | None = None
+    baseline: str | None = None
+
+
+BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def declare(bench: Benchmark) -> Benchmark:
+    """Register a benchmark under its name (for ``python -m btlib.bench``)."""
+    BENCHMARKS[bench.name] = bench
+    return bench
+
+
+def describe_machine() -> dict[str, Any]:
+    """The facts a timing depends on. No host names or paths."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.machine()}",
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": None,
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)"
+    return env
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], Any], *, device: str = "cpu", warmup: int = 2, min_runs: int = 5,
+            max_runs: int = 50, min_time_s: float = 0.5) -> list[float]:
+    """Times of repeated ``fn()`` calls in ms, after ``warmup`` calls.
+
+    Runs at least ``min_runs`` times and keeps going until ``min_time_s`` has passed or
+    ``max_runs`` is reached. On CUDA each call is bracketed by events (GPU time, no host gaps).
+    """
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times: list[float] = []
+    start_all = time.perf_counter()
+    while len(times) < min_runs or (time.perf_counter() - start_all < min_time_s and len(times) < max_runs):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _device_of(inputs: dict) -> str:
+    return next((v.device.type for v in inputs.values() if isinstance(v, torch.Tensor)), "cpu")
+
+
+def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = None, json_path: str | Path | None = None,
+        providers: Sequence[str] | None = None, x_vals: Sequence[Any] | None = None, params: dict | None = None,
+        progress: Callable[[str], None] | None = None, **timing: Any) -> list[dict]:
+    """Check, then time every provider of ``bench`` at every x; return the rows.
+
+    quick: small sizes (defaults to BTLIB_QUICK). threads: torch.set_num_threads for the run.
+    json_path: write the rows there as JSON lines; by default they go to
+    ``$BTLIB_RESULTS_DIR/<name>.jsonl`` when that variable is set. providers / x_vals / params
+    narrow or override the declaration. timing: passed to :func:`time_fn`.
+    """
+    quick = quick_mode() if quick is None else quick
+    p = {**bench.params, **(bench.quick if quick else {}), **(params or {})}
+    xs = list(x_vals if x_vals is not None else p.pop("x_vals", bench.x_vals))
+    p.pop("x_vals", None)
+    if quick:
+        timing = {"warmup": 1, "min_runs": 3, "max_runs": 5, "min_time_s": 0.0, **timing}
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    rows: list[dict] = []
+    try:
+        env = describe_machine()
+        provs = [pr for pr in bench.providers() if providers is None or pr.name in providers]
+        for x in xs:
+            point = {**p, bench.x_name: x}
+            inputs = bench.make_inputs(point)
+            ref = bench.reference(inputs)
+            device = _device_of(inputs)
+            flops = bench.flops(point) if bench.flops else None
+            nbytes = bench.bytes(point) if bench.bytes else None
+            for pr in provs:
+                row: dict[str, Any] = {"benchmark": bench.name, "provider": pr.name, "x_name": bench.x_name, "x": x,
+                                       "params": {k: v for k, v in point.items() if _jsonable(v)}}
+                why = pr.available()
+                if why is None:
+                    try:
+                        out = pr.fn(inputs)
+                        err = bench.error(out, ref, inputs) if pr.checked else 0.0
+                    except Exception as e:  # noqa: BLE001 - a provider that raises is reported, not fatal
+                        why = f"raised {type(e).__name__}: {e}"
+                        err = None
+                if why is not None:
+                    row.update(status="skipped", reason=why)
+                elif not err <= bench.tol:
+                    row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {bench.tol:.0e}; not timed")
+                else:
+                    times = time_fn(lambda: pr.fn(inputs), device=device, **timing)
+                    med = statistics.median(times)
+                    row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times), runs=len(times),
+                               gflops=None if flops is None else flops / med / 1e6,
+                               gbps=None if nbytes is None else nbytes / med / 1e6)
+                row["env"] = env
+                rows.append(row)
+                if progress:
+                    progress(_progress_line(row))
+    finally:
+        torch.set_num_threads(old_threads)
+    path = Path(json_path) if json_path else (results_dir() / f"{bench.name}.jsonl" if results_dir() else None)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def _jsonable(v: Any) -> bool:
+    return isinstance(v, (int, float, str, bool, type(None))) or (isinstance(v, (list, tuple)) and all(_jsonable(i) for i in v))
+
+
+def _progress_line(row: dict) -> str:
+    head = f"{row['benchmark']} {row['x_name']}={row['x']} {row['provider']}"
+    if row["status"] == "ok":
+        return f"{head}: {row['median_ms']:.3f} ms"
+    return f"{head}: {row['status']} ({row['reason']})"

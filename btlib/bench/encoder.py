@@ -1,0 +1,156 @@
+"""Encoder benchmarks: PyTorch's slow path, fastpath and nested-tensor path, side by side.
+
+Providers (one encoder, shared weights, eval mode under torch.inference_mode):
+- ``slow``: the fastpath switched off (torch.backends.mha.set_fastpath_enabled(False)):
+  plain nn.Module code, attention by SDPA, padding computed and masked.
+- ``fastpath``: PyTorch's fused ``_transformer_encoder_layer_fwd`` on the padded batch.
+- ``fastpath_nested``: the same plus nested tensors: linear layers skip padding.
+- ``ideal`` (unchecked yardstick): the fastpath on a batch with the same number of real tokens
+  and no padding, B sequences of length round((1 - p) T). What skipping padding could reach.
+
+Checked at real tokens only, against ``slow``: padded rows differ by design (the nested path
+writes 0 there). Tolerance 1e-4 relative: 12 post-LN layers of fp32 GEMMs that sum in a
+different order (fused QKV vs separate) drift by ~1e-6 per layer and LayerNorm renormalises.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+
+import torch
+from torch import nn
+
+from ..kernels import relative_error
+from ..lengths import encoder_flops, uniform_lengths
+from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
+from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
+from ..padding import lengths_to_padding_mask, pack
+from ..paths import data_file
+from .core import Benchmark, Provider, declare
+
+ENCODER_TOL = 1e-4
+
+
+@functools.lru_cache(maxsize=2)
+def cached_encoder(cfg: EncoderConfig, seed: int = 0) -> tuple[nn.TransformerEncoder, nn.TransformerEncoder]:
+    """(nested-capable encoder, its dense twin), eval mode, weights shared. Cached per shape."""
+    enc = build_encoder(cfg, seed=seed).eval()
+    return enc, dense_twin(enc).eval()
+
+
+def run_slow(fn, *args, **kwargs):
+    """Call fn with PyTorch's MHA/encoder fastpath disabled, restoring the previous setting."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+def _fast(fn, *args, **kwargs):
+    with torch.inference_mode():
+        return fn(*args, **kwargs)
+
+
+def encoder_providers() -> list[Provider]:
+    """The PyTorch paths for an inputs dict with encoder, dense, src, mask, ideal_src."""
+    return [
+        Provider("slow", lambda x: run_slow(x["dense"], x["src"], src_key_padding_mask=x["mask"]), label="fastpath off"),
+        Provider("fastpath", lambda x: _fast(x["dense"], x["src"], src_key_padding_mask=x["mask"]), label="fused layers, padded"),
+        Provider("fastpath_nested", lambda x: _fast(x["encoder"], x["src"], src_key_padding_mask=x["mask"]),
+                 label="fused layers + nested tensors"),
+        Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
+    ]
+
+
+def encoder_inputs(p: dict) -> dict:
+    cfg = p["config"]
+    enc, dense = cached_encoder(cfg)
+    B, T = p["B"], p["T"]
+    lengths = uniform_lengths(B, T, p["padding"], seed=p.get("seed", 0), full_row=B > 1)
+    g = torch.Generator().manual_seed(p.get("seed", 0))
+    src = torch.randn(B, T, cfg.d_model, generator=g)
+    ideal_T = max(1, round(int(lengths.sum()) / B))
+    return {"encoder": enc, "dense": dense, "src": src, "mask": lengths_to_padding_mask(lengths, T),
+            "lengths": lengths, "ideal_src": torch.randn(B, ideal_T, cfg.d_model, generator=g)}
+
+
+def real_token_error(out: torch.Tensor, ref: torch.Tensor, x: dict) -> float:
+    """Relative error over real tokens only: (B, T, d) outputs are packed first."""
+    return relative_error(pack(out, x["lengths"]).tokens, pack(ref, x["lengths"]).tokens)
+
+
+def _encoder_flops(p: dict) -> float:
+    cfg = p["config"]
+    return encoder_flops(torch.full((p["B"],), p["T"]), cfg.d_model, cfg.dim_feedforward, cfg.num_layers)
+
+
+declare(Benchmark(
+    name="encoder_padding",
+    description="BERT-base-shaped nn.TransformerEncoder, fp32: PyTorch's paths against the padding fraction",
+    x_name="padding", x_vals=(0.0, 0.25, 0.5, 0.75),
+    providers=encoder_providers,
+    make_inputs=encoder_inputs,
+    reference=lambda x: run_slow(x["dense"], x["src"], src_key_padding_mask=x["mask"]),
+    error=real_token_error,
+    tol=ENCODER_TOL,
+    params={"config": BERT_BASE, "B": 8, "T": 128},
+    quick={"config": TINY, "B": 4, "T": 32, "x_vals": (0.0, 0.5)},
+    flops=_encoder_flops, baseline="slow",
+))
+
+
+# --- The BetterTransformer tutorial's benchmark (notebook 02) ---------------------------------
+
+def tutorial_batches() -> dict[str, list[str]]:
+    """The tutorial's small and big input batches (texts written for this workbook, data/)."""
+    return json.loads(data_file("tutorial_batches.json").read_text())
+
+
+@functools.lru_cache(maxsize=2)
+def cached_classifier(cfg: XLMRConfig, seed: int = 0) -> tuple[XLMRClassifier, XLMRClassifier]:
+    """(classifier with nested tensors enabled, the same weights with nested disabled), eval mode."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = XLMRClassifier(cfg).eval()
+    twin = copy.copy(model)  # shallow: every submodule shared ...
+    twin._modules = dict(model._modules)
+    twin.encoder = dense_twin(model.encoder)  # ... but the encoder, which never nests
+    return model, twin
+
+
+TUTORIAL_MODELS = {
+    "base": XLMR_BASE_CONFIG,
+    "large": XLMR_LARGE_CONFIG,
+    "tiny": XLMRConfig(encoder=TINY, vocab_size=1000),
+}
+
+
+def _tutorial_inputs(p: dict) -> dict:
+    cfg = TUTORIAL_MODELS[p["model"]]
+    model, dense = cached_classifier(cfg)
+    tokens = WordTokenizer(cfg.vocab_size, max_length=cfg.max_positions - 2)(tutorial_batches()[p["batch"]])
+    return {"tokens": tokens, "model": model, "dense": dense}
+
+
+declare(Benchmark(
+    name="bettertransformer_tutorial",
+    description="XLM-R-shaped classifier on the tutorial's small and big batches: slow path vs fastpath vs nested",
+    x_name="batch", x_vals=("small", "big"),
+    providers=lambda: [
+        Provider("slow", lambda x: run_slow(x["dense"], x["tokens"]), label="fastpath off"),
+        Provider("fastpath", lambda x: _fast(x["dense"], x["tokens"]), label="fused layers, padded"),
+        Provider("fastpath_nested", lambda x: _fast(x["model"], x["tokens"]), label="fused layers + nested tensors"),
+    ],
+    make_inputs=_tutorial_inputs,
+    reference=lambda x: run_slow(x["dense"], x["tokens"]),
+    error=lambda out, ref, x: relative_error(out, ref),
+    tol=ENCODER_TOL,
+    params={"model": "base"},
+    quick={"model": "tiny"},
+    baseline="slow",
+))

@@ -1,0 +1,80 @@
+"""Tables and plots of benchmark rows (as :func:`btlib.bench.run` returns or writes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = ["table", "plot", "load_rows", "speedups"]
+
+
+def load_rows(paths: Iterable[str | Path]) -> list[dict]:
+    """Rows from JSON-lines files, or from every *.jsonl file in a directory."""
+    rows: list[dict] = []
+    for p in map(Path, paths):
+        files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+        for f in files:
+            rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def speedups(rows: Sequence[dict], baseline: str) -> dict[tuple[str, str, object], float]:
+    """(benchmark, provider, x) -> baseline median / provider median, for rows measured in one run."""
+    base = {(r["benchmark"], r["x"]): r["median_ms"] for r in rows if r["provider"] == baseline and r["status"] == "ok"}
+    return {(r["benchmark"], r["provider"], r["x"]): base[(r["benchmark"], r["x"])] / r["median_ms"]
+            for r in rows if r["status"] == "ok" and (r["benchmark"], r["x"]) in base}
+
+
+def table(rows: Sequence[dict], baseline: str | None = None) -> str:
+    """A fixed-width text table: one line per (benchmark, x, provider), with the speedup over ``baseline``."""
+    sp = speedups(rows, baseline) if baseline else {}
+    head = ["benchmark", "x", "provider", "median ms", "min ms", "GFLOP/s", f"vs {baseline}" if baseline else "", "status"]
+    lines = []
+    for r in rows:
+        ok = r["status"] == "ok"
+        s = sp.get((r["benchmark"], r["provider"], r["x"]))
+        lines.append([
+            r["benchmark"], f"{r['x_name']}={r['x']}", r["provider"],
+            f"{r['median_ms']:.3f}" if ok else "-", f"{r['min_ms']:.3f}" if ok else "-",
+            f"{r['gflops']:.1f}" if ok and r.get("gflops") else "-",
+            f"{s:.2f}x" if s else "", "ok" if ok else f"{r['status']}: {r.get('reason', '')}",
+        ])
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*["-" * w for w in widths])]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(line.rstrip() for line in out)
+
+
+def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | None = None, ax=None,
+         title: str | None = None, logy: bool = False, ideal: dict | None = None):
+    """Plot one benchmark's rows: x axis against ``metric`` (or speedup over ``baseline``) per provider.
+
+    ideal: optional {x: value} drawn as a dashed line (e.g. 1 / (1 - p) for padding sparsity).
+    Returns the matplotlib Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4))
+    ok = [r for r in rows if r["status"] == "ok"]
+    sp = speedups(ok, baseline) if baseline else None
+    for prov in dict.fromkeys(r["provider"] for r in ok):
+        pts = [(r["x"], sp[(r["benchmark"], prov, r["x"])] if sp else r[metric]) for r in ok
+               if r["provider"] == prov and (not sp or (r["benchmark"], prov, r["x"]) in sp)]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", label=prov)
+    if ideal:
+        ax.plot(list(ideal), list(ideal.values()), "k--", label="ideal")
+    if ok:
+        ax.set_xlabel(ok[0]["x_name"])
+    ax.set_ylabel(f"speedup over {baseline}" if baseline else {"median_ms": "median time (ms)", "gflops": "GFLOP/s"}.get(metric, metric))
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return ax

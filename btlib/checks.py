@@ -1,0 +1,61 @@
+"""Input checks at the boundary of every attention entry point, with messages that say what to do."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .padding import check_cu_seqlens, check_lengths
+
+__all__ = ["check_padded_inputs", "check_varlen_inputs"]
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_common(q: Tensor, k: Tensor, v: Tensor, rank: int, layout: str) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+        if x.is_nested:
+            raise TypeError(
+                f"{name} is a nested tensor; pass its packed form instead: "
+                "tokens, cu_seqlens, max_seqlen = btlib.nested_to_packed(nt), then btlib.varlen_attention"
+            )
+        if x.dim() != rank:
+            shape = "(B, H, T, D)" if rank == 4 else "(total, H, D)"
+            raise ValueError(f"{layout} attention expects {name} of shape {shape}; got {tuple(x.shape)}")
+        if x.dtype not in _FLOAT:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {x.dtype}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension; call {name}.contiguous()")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+
+
+def check_padded_inputs(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None) -> None:
+    """q: (B, H, T, D); k, v: (B, H, T, D) (self-attention lengths) ; lengths: (B,) int in [0, T]."""
+    _check_common(q, k, v, 4, "padded")
+    B, H, T, D = q.shape
+    if k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k, v must be (B, H, S, D) with q's B, H, D; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if lengths is not None:
+        check_lengths(lengths, T=min(T, k.shape[2]), B=B)
+        if lengths.device != q.device:
+            raise ValueError(f"lengths must be on q's device ({q.device}); got {lengths.device}")
+
+
+def check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> None:
+    """q, k, v: (total, H, D); cu_seqlens: (B + 1,) int32 on q's device; max_seqlen >= every length."""
+    _check_common(q, k, v, 3, "varlen")
+    if k.shape != q.shape:
+        raise ValueError(f"varlen self-attention needs q, k, v of one shape (total, H, D); got {tuple(q.shape)}, {tuple(k.shape)}")
+    check_cu_seqlens(cu_seqlens, total=q.shape[0])
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens must be on q's device ({q.device}); got {cu_seqlens.device}")
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+    if int(max_seqlen) < longest:
+        raise ValueError(f"max_seqlen={max_seqlen} is less than the longest sequence ({longest}); pass max(lengths)")

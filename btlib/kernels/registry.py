@@ -1,0 +1,146 @@
+"""The kernel registry: one entry per attention kernel, with its reference and tolerance.
+
+Tests and benchmarks iterate the registry, so a new kernel gets its correctness test and its
+benchmark row by registering itself. Two layouts, two call signatures:
+
+    padded:  fn(q, k, v, *, lengths, causal, scale) -> out     q, k, v, out: (B, H, T, D)
+    varlen:  fn(q, k, v, cu_seqlens, max_seqlen, *, causal, scale) -> out
+                                                               q, k, v, out: (total, H, D)
+
+Every padded kernel follows btlib.reference_attention's conventions (rows t >= lengths[b]
+are 0; a query row with no key to attend is 0).
+
+Kernel modules register on import; the registry imports them on first use (``_PROVIDERS``),
+which is cheap: compiled kernels build on their first *call*, never at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["Kernel", "register", "get", "kernels", "select", "relative_error"]
+
+Layout = Literal["padded", "varlen"]
+
+# fp32 and fp64 kernels must agree with the reference to this error relative to the
+# reference's scale (max |ref|): reordering a D- or T-long sum in fp32 moves results by a
+# few ulps (1.2e-7 each) times sqrt(length), well below 1e-5 for T <= 4096.
+FP32_TOL = 1e-5
+# Low precision: a kernel's error against the fp32 reference may be at most this multiple of
+# PyTorch's own SDPA error in the same dtype (STYLE.md).
+LOW_PRECISION_FACTOR = 2.0
+
+_PROVIDERS = ("btlib.kernels.torch_ops", "btlib.kernels.cpu", "btlib.kernels.gpu")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One registered attention kernel.
+
+    name: unique, e.g. "cpu_flash_v3"; backend: "torch", "cpp", "triton", "cuda".
+    available: returns None when the kernel can run here, else the reason it cannot.
+    priority: ``backend="auto"`` picks the available kernel with the highest priority.
+    """
+
+    name: str
+    layout: Layout
+    fn: Callable[..., Tensor]
+    backend: str
+    devices: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    description: str
+    reference: str = "reference_attention"
+    tol: float = FP32_TOL
+    priority: int = 0
+    causal: bool = True
+    max_head_dim: int | None = None
+    available: Callable[[], str | None] = field(default=lambda: None)
+
+    def supports(self, x: Tensor, causal: bool = False) -> str | None:
+        """None if this kernel takes these inputs, else why not."""
+        why = self.available()
+        if why:
+            return why
+        if x.device.type not in self.devices:
+            return f"runs on {'/'.join(self.devices)}, inputs are on {x.device.type}"
+        if x.dtype not in self.dtypes:
+            return f"supports {', '.join(str(d).replace('torch.', '') for d in self.dtypes)}, inputs are {x.dtype}"
+        if causal and not self.causal:
+            return "has no causal mask"
+        if self.max_head_dim is not None and x.shape[-1] > self.max_head_dim:
+            return f"head_dim {x.shape[-1]} > {self.max_head_dim}"
+        return None
+
+
+_REGISTRY: dict[str, Kernel] = {}
+_loaded = False
+
+
+def register(kernel: Kernel) -> Kernel:
+    """Add a kernel; names are unique."""
+    if kernel.name in _REGISTRY and _REGISTRY[kernel.name] is not kernel:
+        raise ValueError(f"a kernel named {kernel.name!r} is already registered")
+    _REGISTRY[kernel.name] = kernel
+    return kernel
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in _PROVIDERS:
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as e:  # a provider package not written (yet) is not an error
+                if e.name != mod:
+                    raise
+
+
+def kernels(layout: Layout | None = None, *, backend: str | None = None) -> list[Kernel]:
+    """All registered kernels, optionally of one layout or backend, highest priority first."""
+    _load()
+    ks = [k for k in _REGISTRY.values() if (layout is None or k.layout == layout) and (backend is None or k.backend == backend)]
+    return sorted(ks, key=lambda k: -k.priority)
+
+
+def get(name: str) -> Kernel:
+    """The kernel registered under ``name``; a KeyError lists the names there are."""
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no kernel named {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto") -> Kernel:
+    """The kernel ``backend`` names, or for "auto" the best one that takes these inputs.
+
+    Raises ValueError with each kernel's reason when none (or not the named one) can run.
+    """
+    if backend != "auto":
+        k = get(backend)
+        if k.layout != layout:
+            raise ValueError(f"kernel {backend!r} is a {k.layout} kernel; use the {k.layout} entry point")
+        why = k.supports(x, causal)
+        if why:
+            raise ValueError(f"kernel {backend!r} cannot run these inputs: {why}")
+        return k
+    reasons = []
+    for k in kernels(layout):
+        why = k.supports(x, causal)
+        if why is None:
+            return k
+        reasons.append(f"{k.name}: {why}")
+    raise ValueError(f"no {layout} attention kernel takes these inputs:\n  " + "\n  ".join(reasons))
+
+
+def relative_error(out: Tensor, ref: Tensor) -> float:
+    """max |out - ref| / max |ref|: the error measure every tolerance in btlib is stated in."""
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    err = (out.to(ref.dtype) - ref).abs().max().item() if ref.numel() else 0.0
+    return err / max(scale, 1e-30) if scale > 0 else err

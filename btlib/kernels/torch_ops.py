@@ -1,0 +1,74 @@
+"""PyTorch's own attention, registered as kernels so tests and benchmarks treat it like btlib's.
+
+- reference / reference_varlen: the naive oracle (materialises the T x T scores).
+- torch_sdpa: F.scaled_dot_product_attention with a boolean mask built from lengths. On CPU it
+  dispatches to the flash CPU kernel, which still computes every padded key and query: B*T^2.
+- torch_sdpa_loop: one SDPA call per sequence of the packed tokens: sum(L^2) work plus one
+  Python-level call per sequence (the best PyTorch option on CPU, FACTS.md).
+- torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal; math path on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..nested import packed_to_nested
+from ..reference import allowed_mask, reference_attention, reference_varlen_attention
+from .registry import Kernel, register
+
+_ALL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _zero_padded_rows(out: Tensor, lengths: Tensor | None) -> Tensor:
+    if lengths is None:
+        return out
+    T = out.shape[2]
+    real = torch.arange(T, device=out.device).view(1, T) < lengths.view(-1, 1)  # (B, T)
+    return out * real.view(-1, 1, T, 1).to(out.dtype)
+
+
+def reference(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None) -> Tensor:
+    return reference_attention(q, k, v, lengths=lengths, causal=causal, scale=scale).to(q.dtype)
+
+
+def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None) -> Tensor:
+    B, _, T, _ = q.shape
+    if lengths is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    mask = allowed_mask(B, T, k.shape[2], lengths=lengths, causal=causal, device=q.device)  # (B, 1, T|1, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return _zero_padded_rows(out, lengths)
+
+
+def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
+    return reference_varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=scale).to(q.dtype)
+
+
+def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
+            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale).transpose(0, 1)
+    return out
+
+
+def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
+    qn, kn, vn = (packed_to_nested(x, cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
+    out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
+    return out.transpose(1, 2).values()
+
+
+register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,
+                "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", priority=-100))
+register(Kernel("torch_sdpa", "padded", torch_sdpa, "torch", ("cpu", "cuda"), _ALL_FLOATS,
+                "F.scaled_dot_product_attention with a boolean key-padding mask", priority=0))
+register(Kernel("reference_varlen", "varlen", reference_varlen, "torch", ("cpu", "cuda"), _ALL_FLOATS,
+                "repad, naive attention, unpad: the varlen oracle", priority=-100))
+register(Kernel("torch_sdpa_loop", "varlen", torch_sdpa_loop, "torch", ("cpu", "cuda"), _ALL_FLOATS,
+                "one F.scaled_dot_product_attention call per sequence", priority=0))
+register(Kernel("torch_sdpa_nested", "varlen", torch_sdpa_nested, "torch", ("cpu", "cuda"), _ALL_FLOATS,
+                "F.scaled_dot_product_attention on a torch.nested jagged tensor", priority=-10, causal=False))

@@ -1,0 +1,132 @@
+"""Sequence-length generators and padding statistics.
+
+Benchmarks need batches with a chosen amount of padding, reproducibly. Two generators:
+- :func:`uniform_lengths`: an exact padding fraction p, one sequence at full length T (so the
+  padded length really is T, as a tokenizer padding to the longest sequence would make it).
+- :func:`zipf_lengths`: natural-language-like lengths, after PyTorch's nested-tensor tutorial:
+  words are drawn from a Zipf(alpha) unigram distribution and a sentence ends at a word whose
+  rank is that of ".", "!" or "?" in WikiText-2 (3, 386, 858).
+
+Every generator takes a ``seed`` and draws from its own generator: global RNG state is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .padding import check_lengths
+
+__all__ = ["uniform_lengths", "zipf_lengths", "PaddingStats", "padding_stats"]
+
+_SENTENCE_END_RANKS = (3, 386, 858)
+
+
+def uniform_lengths(B: int, T: int, padding: float, *, seed: int = 0, full_row: bool = True) -> Tensor:
+    """(B,) int64 lengths in [1, T] whose padding fraction 1 - sum(L) / (B T) is ``padding`` (to 1 token).
+
+    With ``full_row`` one sequence has length T (needs B >= 2 unless padding is 0).
+
+    Example: uniform_lengths(4, 8, 0.5) -> 16 real tokens out of 32, e.g. [8, 3, 2, 3].
+    """
+    if not 0.0 <= padding < 1.0:
+        raise ValueError(f"padding must be in [0, 1); got {padding}")
+    if B < 1 or T < 1:
+        raise ValueError(f"B and T must be >= 1; got B={B}, T={T}")
+    target = max(B, round((1.0 - padding) * B * T))
+    if full_row and B == 1 and target != T:
+        raise ValueError("with B=1 and full_row=True the only padding fraction is 0; pass full_row=False")
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.uniform(0.05, 1.0, B) * T), 1, T).astype(np.int64)
+    fixed = np.zeros(B, dtype=bool)
+    if full_row:
+        lengths[0], fixed[0] = T, True
+    if target < lengths[fixed].sum() + (~fixed).sum():
+        raise ValueError(f"padding={padding} is too high for B={B}, T={T} with one full row; lower it or raise B")
+    free = ~fixed
+    # Scale the free lengths toward the target, then settle the rounding remainder one token at a time.
+    want_free = target - lengths[fixed].sum()
+    if free.any():
+        scaled = lengths[free] * want_free / lengths[free].sum()
+        lengths[free] = np.clip(np.round(scaled), 1, T)
+    order = rng.permutation(np.flatnonzero(free))
+    while (diff := target - lengths.sum()) != 0 and order.size:
+        step = 1 if diff > 0 else -1
+        movable = order[(lengths[order] + step >= 1) & (lengths[order] + step <= T)]
+        if movable.size == 0:
+            break
+        n = min(abs(diff), movable.size)
+        lengths[movable[:n]] += step
+    perm = rng.permutation(B)  # the full row is not always first
+    return torch.from_numpy(lengths[perm].copy())
+
+
+def zipf_lengths(B: int, T: int, *, alpha: float = 1.2, seed: int = 0) -> Tensor:
+    """(B,) int64 sentence lengths in [1, T] from a Zipf unigram model (PyTorch's nested-tensor tutorial).
+
+    Lengths longer than T are truncated to T, as a tokenizer with max_length=T would.
+    """
+    if alpha <= 1.0:
+        raise ValueError(f"alpha must be > 1 for a Zipf distribution; got {alpha}")
+    rng = np.random.default_rng(seed)
+    lengths = np.empty(B, dtype=np.int64)
+    for b in range(B):
+        n = 1
+        while n < T and rng.zipf(alpha) not in _SENTENCE_END_RANKS:
+            n += 1
+        lengths[b] = n
+    return torch.from_numpy(lengths)
+
+
+@dataclass(frozen=True)
+class PaddingStats:
+    """What padding costs a batch of B sequences padded to T."""
+
+    B: int
+    T: int
+    real_tokens: int
+    padding_fraction: float         # 1 - sum(L) / (B T): linear layers' wasted share
+    attention_waste: float          # 1 - sum(L^2) / (B T^2): attention's wasted share
+    dense_gflops: float | None      # whole padded batch through the encoder described
+    packed_gflops: float | None     # the same on real tokens only
+
+    @property
+    def ideal_speedup(self) -> float:
+        """Speedup of a padding-free run if cost were all FLOPs (1 / (1 - p) for linear-bound models)."""
+        if self.dense_gflops and self.packed_gflops:
+            return self.dense_gflops / self.packed_gflops
+        return 1.0 / max(1.0 - self.padding_fraction, 1e-12)
+
+
+def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1) -> float:
+    """Forward FLOPs of a Transformer encoder on sequences of the given lengths (multiply-add = 2).
+
+    Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff.
+    Per sequence of length L and layer: QK^T and PV, 4 L^2 d (summed over heads).
+    """
+    L = lengths.double()
+    per_token = 8 * d_model**2 + 4 * d_model * d_ff
+    return float(num_layers * (per_token * L.sum() + 4 * d_model * (L**2).sum()))
+
+
+def padding_stats(
+    lengths: Tensor, T: int | None = None, *, d_model: int | None = None, d_ff: int | None = None, num_layers: int = 1
+) -> PaddingStats:
+    """Padding fraction and wasted work of a batch. Give d_model and d_ff to get encoder GFLOPs too.
+
+    Example: lengths [2, 4, 3], T=4 -> real 9 of 12 tokens, padding_fraction 0.25,
+    attention_waste 1 - (4 + 16 + 9) / 48 = 0.396.
+    """
+    T = int(lengths.max()) if T is None else T
+    check_lengths(lengths, T=T)
+    B = lengths.numel()
+    real = int(lengths.sum())
+    sq = float((lengths.double() ** 2).sum())
+    dense = packed = None
+    if d_model is not None and d_ff is not None:
+        dense = encoder_flops(torch.full((B,), T), d_model, d_ff, num_layers) / 1e9
+        packed = encoder_flops(lengths, d_model, d_ff, num_layers) / 1e9
+    return PaddingStats(B, T, real, 1.0 - real / (B * T), 1.0 - sq / (B * T * T), dense, packed)

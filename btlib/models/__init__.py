@@ -1,0 +1,7 @@
+"""Model shapes used by the notebooks: encoder configs and an XLM-R-shaped classifier."""
+
+from .encoder import BERT_BASE, TINY, XLMR_BASE, XLMR_LARGE, EncoderConfig, build_encoder, dense_twin
+from .xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG, WordTokenizer, XLMRClassifier, XLMRConfig
+
+__all__ = ["BERT_BASE", "TINY", "XLMR_BASE", "XLMR_LARGE", "EncoderConfig", "build_encoder", "dense_twin",
+           "XLMR_BASE_CONFIG", "XLMR_LARGE_CONFIG", "WordTokenizer", "XLMRClassifier", "XLMRConfig"]

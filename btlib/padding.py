@@ -1,0 +1,163 @@
+"""Padding <-> packed tokens: btlib's one sparsity format.
+
+A padded batch stores B sequences in a (B, T, ...) tensor, real tokens first in each row
+(left aligned) and padding after. The packed form keeps only the real tokens:
+
+    tokens      (total, ...)   total = sum(lengths), sequence after sequence
+    cu_seqlens  (B + 1,) int32 cumulative lengths: sequence b is tokens[cu_seqlens[b]:cu_seqlens[b+1]]
+    max_seqlen  int            max(lengths), what a kernel sizes its tiles by
+
+    lengths [2, 4, 3] -> cu_seqlens [0, 2, 6, 9], max_seqlen 4, total 9
+
+This is the layout of FlashAttention's varlen API and of padding-free training. The padded
+form with a key-padding mask, and torch.nested jagged tensors (btlib.nested), are adapters.
+
+Mask convention: ``padding_mask`` is True at padding, as nn.TransformerEncoder's
+``src_key_padding_mask``. Its opposite, True at real tokens, is called ``valid``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Packed",
+    "lengths_to_padding_mask",
+    "padding_mask_to_lengths",
+    "lengths_to_cu_seqlens",
+    "cu_seqlens_to_lengths",
+    "pack",
+    "unpack",
+    "check_lengths",
+    "check_cu_seqlens",
+]
+
+
+class Packed(NamedTuple):
+    """Packed tokens of a batch. tokens: (total, ...); cu_seqlens: (B + 1,) int32; max_seqlen: int."""
+
+    tokens: Tensor
+    cu_seqlens: Tensor
+    max_seqlen: int
+
+    @property
+    def lengths(self) -> Tensor:
+        return cu_seqlens_to_lengths(self.cu_seqlens)
+
+
+def check_lengths(lengths: Tensor, T: int | None = None, B: int | None = None) -> None:
+    """Raise a ValueError/TypeError that says what to fix if ``lengths`` is not a valid (B,) int tensor."""
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor of integers; got {type(lengths).__name__}")
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,); got shape {tuple(lengths.shape)}")
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor (int32/int64); got {lengths.dtype}")
+    if B is not None and lengths.numel() != B:
+        raise ValueError(f"lengths has {lengths.numel()} entries but the batch has B={B}")
+    if lengths.numel() == 0:
+        return
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < 0:
+        raise ValueError(f"lengths must be >= 0; got {lo}")
+    if T is not None and hi > T:
+        raise ValueError(
+            f"lengths must be <= the padded length T={T}; got {hi}. "
+            "Pad the batch to at least the longest sequence."
+        )
+
+
+def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> None:
+    """Raise an error that says what to fix if ``cu_seqlens`` is not (B + 1,) int32, 0-based, non-decreasing."""
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets, e.g. [0, 2, 6, 9] for lengths [2, 4, 3]")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(
+            f"cu_seqlens must be int32 (what every varlen kernel reads); got {cu_seqlens.dtype}. "
+            "Use btlib.lengths_to_cu_seqlens(lengths) or cu_seqlens.to(torch.int32)."
+        )
+    if int(cu_seqlens[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0; got {int(cu_seqlens[0])}")
+    if cu_seqlens.numel() > 1 and bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be non-decreasing (lengths >= 0); got {cu_seqlens.tolist()}")
+    if total is not None and int(cu_seqlens[-1]) != total:
+        raise ValueError(f"cu_seqlens[-1] = {int(cu_seqlens[-1])} must equal the number of packed tokens ({total})")
+
+
+def lengths_to_padding_mask(lengths: Tensor, T: int | None = None) -> Tensor:
+    """(B,) lengths -> (B, T) bool mask, True at padding. T defaults to max(lengths).
+
+    Example: lengths [2, 4, 3], T=4 -> [[F, F, T, T], [F, F, F, F], [F, F, F, T]]
+    """
+    T = int(lengths.max()) if T is None and lengths.numel() else (T or 0)
+    check_lengths(lengths, T)
+    return torch.arange(T, device=lengths.device).view(1, T) >= lengths.view(-1, 1)
+
+
+def padding_mask_to_lengths(padding_mask: Tensor) -> Tensor:
+    """(B, T) bool mask, True at padding -> (B,) int64 lengths.
+
+    The mask must be left aligned (real tokens first); a mask with a real token after padding
+    raises, since no length describes it.
+    """
+    if padding_mask.dtype != torch.bool or padding_mask.dim() != 2:
+        raise TypeError(f"padding_mask must be a (B, T) bool tensor, True at padding; got {padding_mask.dtype} {tuple(padding_mask.shape)}")
+    lengths = (~padding_mask).sum(dim=1)
+    if not torch.equal(lengths_to_padding_mask(lengths, padding_mask.shape[1]), padding_mask):
+        raise ValueError(
+            "padding_mask is not left aligned (a real token follows padding in some row). "
+            "btlib expects real tokens first, then padding, as tokenizers produce with right padding."
+        )
+    return lengths
+
+
+def lengths_to_cu_seqlens(lengths: Tensor) -> tuple[Tensor, int]:
+    """(B,) lengths -> (cu_seqlens (B + 1,) int32, max_seqlen int).
+
+    Example: lengths [2, 4, 3] -> (tensor([0, 2, 6, 9], dtype=int32), 4)
+    """
+    check_lengths(lengths)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
+    cu[1:] = torch.cumsum(lengths, dim=0)
+    return cu, int(lengths.max()) if lengths.numel() else 0
+
+
+def cu_seqlens_to_lengths(cu_seqlens: Tensor) -> Tensor:
+    """(B + 1,) cu_seqlens -> (B,) lengths (int64). Example: [0, 2, 6, 9] -> [2, 4, 3]."""
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+
+
+def pack(x: Tensor, lengths: Tensor) -> Packed:
+    """Unpad: (B, T, ...) padded batch + (B,) lengths -> Packed((total, ...), cu_seqlens, max_seqlen).
+
+    Costs one gather of the real tokens (total * row bytes read and written).
+
+    Example: x (3, 4, d) with lengths [2, 4, 3] -> tokens (9, d) = x[0, :2], x[1, :4], x[2, :3].
+    """
+    if x.dim() < 2:
+        raise ValueError(f"pack expects a batch (B, T, ...); got shape {tuple(x.shape)}")
+    B, T = x.shape[:2]
+    check_lengths(lengths, T=T, B=B)
+    valid = torch.arange(T, device=x.device).view(1, T) < lengths.to(x.device).view(B, 1)  # (B, T)
+    cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths.to(x.device))
+    return Packed(x[valid], cu_seqlens, max_seqlen)  # boolean indexing keeps row-major order
+
+
+def unpack(tokens: Tensor, cu_seqlens: Tensor, T: int | None = None, fill: float = 0.0) -> Tensor:
+    """Repad: (total, ...) packed tokens + (B + 1,) cu_seqlens -> (B, T, ...), padding = ``fill``.
+
+    T defaults to the longest sequence. Inverse of :func:`pack`: ``unpack(*pack(x, L)[:2], T)``
+    equals ``x`` at real tokens and ``fill`` elsewhere.
+    """
+    check_cu_seqlens(cu_seqlens, total=tokens.shape[0])
+    lengths = cu_seqlens_to_lengths(cu_seqlens)
+    B = lengths.numel()
+    T = (int(lengths.max()) if B else 0) if T is None else T
+    check_lengths(lengths, T=T)
+    valid = torch.arange(T, device=tokens.device).view(1, T) < lengths.to(tokens.device).view(B, 1)
+    out = tokens.new_full((B, T, *tokens.shape[1:]), fill)
+    out[valid] = tokens
+    return out
