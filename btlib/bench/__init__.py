@@ -1,23 +1,25 @@
 """Benchmarks as data and one runner: ``python -m btlib.bench list | run NAME | summary``.
 
-Declarations live in btlib.bench.attention and btlib.bench.encoder (and in the modules of
-later kernels); :func:`load_all` imports them.
+Every module of this package other than the harness (core, report, __main__) declares
+benchmarks; :func:`load_all` imports them all, so a new module is picked up by the CLI.
 """
 
 import importlib
+import pkgutil
 
 from .core import BENCHMARKS, Benchmark, Provider, declare, describe_machine, quick_mode, results_dir, run, time_fn
 from .report import load_rows, plot, speedups, table
 
-SUITES = ("btlib.bench.attention", "btlib.bench.encoder")
+_HARNESS = {"core", "report", "__main__"}
 
 
 def load_all() -> dict[str, Benchmark]:
-    """Import every benchmark declaration; returns name -> Benchmark."""
-    for mod in SUITES:
-        importlib.import_module(mod)
+    """Import every benchmark declaration module in btlib.bench; returns name -> Benchmark."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name not in _HARNESS:
+            importlib.import_module(f"{__name__}.{info.name}")
     return BENCHMARKS
 
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run",
-           "time_fn", "load_rows", "plot", "speedups", "table", "load_all", "SUITES"]
+           "time_fn", "load_rows", "plot", "speedups", "table", "load_all"]
