@@ -184,7 +184,7 @@ def _explain_encoder(enc: nn.TransformerEncoder, src: Tensor, mask, src_key_padd
         nested.append(f"input is not batched (dim {src.dim()}, needs 3)")
     if src_key_padding_mask is None:
         nested.append("no src_key_padding_mask: nothing to skip")
-    elif getattr(enc, "mask_check", True) and src.dim() == 3 and not src.is_nested:
+    elif getattr(enc, "mask_check", True) and src.dim() == 3 and not src.is_nested and src.shape[:2] == src_key_padding_mask.shape:
         valid = ~src_key_padding_mask.bool() if src_key_padding_mask.dtype == torch.bool else src_key_padding_mask == 0
         if not torch._nested_tensor_from_mask_left_aligned(src, valid):
             nested.append("src_key_padding_mask is not left aligned (padding must come after the real tokens)")

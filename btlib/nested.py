@@ -51,8 +51,7 @@ def padded_to_nested(x: Tensor, lengths: Tensor) -> Tensor:
 
 def nested_to_padded(nt: Tensor, T: int | None = None, fill: float = 0.0) -> Tensor:
     """Jagged nested tensor (B, j, ...) -> (B, T, ...) with ``fill`` at padding. T defaults to the longest."""
-    _check_jagged(nt)
-    if T is None:
-        return nt.to_padded_tensor(fill)
-    B = nt.size(0)
-    return torch.nested.to_padded_tensor(nt, fill, output_size=(B, T, *nt.values().shape[1:]))
+    tokens, cu_seqlens, max_seqlen = nested_to_packed(nt)
+    # Always pass the size: without it, to_padded_tensor may pad to a cached bound, not the longest sequence.
+    T = max_seqlen if T is None else T
+    return torch.nested.to_padded_tensor(nt, fill, output_size=(nt.size(0), T, *tokens.shape[1:]))

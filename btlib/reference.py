@@ -128,6 +128,9 @@ def reference_attention(
                 f"max {int(lengths.max())}. Pad the batch to the longest sequence first."
             )
 
+    if key_padding_mask is not None and key_padding_mask.shape != (B, S):
+        raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), True at padding; got {tuple(key_padding_mask.shape)}")
+
     compute = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     qc, kc, vc = (x.to(compute) for x in (q, k, v))
     scale = 1.0 / math.sqrt(D) if scale is None else scale

@@ -1,0 +1,85 @@
+"""The benchmark harness: it checks before it times, skips with reasons, and writes rows."""
+
+import json
+
+import pytest
+import torch
+
+from btlib import bench
+from btlib.bench.__main__ import main as bench_main
+
+
+def toy(providers):
+    return bench.Benchmark(
+        name="toy", description="x * 2", x_name="n", x_vals=(4, 8),
+        providers=lambda: providers,
+        make_inputs=lambda p: {"x": torch.arange(p["n"], dtype=torch.float32)},
+        reference=lambda x: x["x"] * 2, error=lambda out, ref, x: float((out - ref).abs().max()), tol=1e-6,
+        flops=lambda p: p["n"], baseline="good",
+    )
+
+
+def test_run_checks_times_skips_and_writes(tmp_path):
+    provs = [
+        bench.Provider("good", lambda x: x["x"] + x["x"]),
+        bench.Provider("wrong", lambda x: x["x"] * 3),
+        bench.Provider("absent", lambda x: x["x"] * 2, available=lambda: "needs a GPU"),
+        bench.Provider("raises", lambda x: 1 / 0),
+        bench.Provider("yardstick", lambda x: x["x"], checked=False),
+    ]
+    path = tmp_path / "toy.jsonl"
+    rows = bench.run(toy(provs), json_path=path, warmup=1, min_runs=3, max_runs=3, min_time_s=0)
+    status = {(r["provider"], r["x"]): r["status"] for r in rows}
+    assert status[("good", 4)] == "ok" and status[("yardstick", 8)] == "ok"
+    assert status[("wrong", 4)] == "wrong" and "median_ms" not in next(r for r in rows if r["provider"] == "wrong")
+    assert status[("absent", 8)] == "skipped"
+    assert "ZeroDivisionError" in next(r["reason"] for r in rows if r["provider"] == "raises")
+    good = next(r for r in rows if r["provider"] == "good")
+    assert good["runs"] == 3 and good["min_ms"] <= good["median_ms"] <= good["max_ms"]
+    assert {"torch", "cpu", "threads", "gpu"} <= set(good["env"])
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    text = bench.table(rows, "good")
+    assert "1.00x" in text and "needs a GPU" in text
+
+
+def test_threads_restored_and_quick_params():
+    before = torch.get_num_threads()
+    b = toy([bench.Provider("good", lambda x: x["x"] * 2)])
+    b = bench.Benchmark(**{**b.__dict__, "quick": {"x_vals": (2,)}})
+    rows = bench.run(b, quick=True, threads=1)
+    assert [r["x"] for r in rows] == [2] and rows[0]["env"]["threads"] == 1
+    assert torch.get_num_threads() == before
+
+
+def test_results_dir_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("BTLIB_RESULTS_DIR", str(tmp_path))
+    bench.run(toy([bench.Provider("good", lambda x: x["x"] * 2)]), quick=True)
+    assert (tmp_path / "toy.jsonl").exists()
+
+
+def test_declared_benchmarks_run_quick(tmp_path, capsys):
+    names = bench.load_all()
+    assert {"attention_dense", "attention_varlen", "encoder_padding", "bettertransformer_tutorial"} <= set(names)
+    assert bench_main(["list"]) == 0
+    for name in ("attention_varlen", "encoder_padding"):
+        assert bench_main(["run", name, "--quick", "--json", str(tmp_path / f"{name}.jsonl")]) == 0
+    rows = bench.load_rows([tmp_path])
+    assert rows and all(r["status"] in ("ok", "skipped") for r in rows)
+    assert bench_main(["summary", str(tmp_path)]) == 0
+    assert "encoder_padding" in capsys.readouterr().out
+
+
+def test_plot(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = bench.run(toy([bench.Provider("good", lambda x: x["x"] * 2), bench.Provider("also", lambda x: 2 * x["x"])]),
+                     quick=True)
+    ax = bench.plot(rows, baseline="good", ideal={4: 1.0, 8: 1.0})
+    assert len(ax.lines) == 3 and "speedup" in ax.get_ylabel()
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("", False), ("no", False)])
+def test_quick_mode(monkeypatch, value, expected):
+    monkeypatch.setenv("BTLIB_QUICK", value)
+    assert bench.quick_mode() is expected
