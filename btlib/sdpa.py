@@ -1,0 +1,318 @@
+"""Which kernel will F.scaled_dot_product_attention run, and why not the others?
+
+PyTorch 2 replaced BetterTransformer's attention with one function,
+``F.scaled_dot_product_attention`` (SDPA), that picks a backend per call:
+
+    CPU:  FLASH_ATTENTION (the flash CPU kernel, tiled online softmax)  ->  MATH
+    CUDA: the order ``torch._C._get_sdp_priority_order()`` gives (by default FLASH_ATTENTION,
+          EFFICIENT_ATTENTION, MATH, CUDNN_ATTENTION)
+    jagged nested tensors: FLASH, EFFICIENT, MATH, CUDNN (torch/nested/_internal/sdpa.py)
+
+and silently falls back when a backend refuses the inputs. :func:`explain_sdpa` asks torch's own
+gate functions, live, for every backend, and returns all the reasons each one refuses:
+
+- dense CPU tensors: each backend is forced alone with ``sdpa_kernel`` and
+  ``torch._fused_sdp_choice`` (the dispatcher SDPA calls) is asked; its warnings are the reasons.
+- dense CUDA tensors: ``torch.backends.cuda.can_use_{flash,efficient,cudnn}_attention(params,
+  debug=True)`` under the same forcing (they check dtype, head_dim, masks, dropout and the GPU's
+  compute capability).
+- jagged nested tensors: the gates of torch/nested/_internal/sdpa.py, which log their reasons.
+
+:meth:`SDPAReport.confirm` checks the prediction against the profiler, and :func:`run_forced`
+runs SDPA itself under one forced backend: the independent check of every refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPAParams, SDPBackend, sdpa_kernel
+
+from .fastpath import ops_that_ran
+
+__all__ = ["SDPAReport", "ForcedRun", "explain_sdpa", "run_forced", "sdpa_ops", "SDPA_OPS", "BACKENDS"]
+
+BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+# (device, layout) -> backend -> the aten op the profiler shows when that backend runs.
+SDPA_OPS: dict[tuple[str, str], dict[str, str]] = {
+    ("cpu", "dense"): {"FLASH_ATTENTION": "aten::_scaled_dot_product_flash_attention_for_cpu",
+                       "MATH": "aten::_scaled_dot_product_attention_math"},
+    ("cuda", "dense"): {"FLASH_ATTENTION": "aten::_scaled_dot_product_flash_attention",
+                        "EFFICIENT_ATTENTION": "aten::_scaled_dot_product_efficient_attention",
+                        "CUDNN_ATTENTION": "aten::_scaled_dot_product_cudnn_attention",
+                        "MATH": "aten::_scaled_dot_product_attention_math"},
+    ("any", "jagged"): {"FLASH_ATTENTION": "aten::_flash_attention_forward",
+                        "EFFICIENT_ATTENTION": "aten::_efficient_attention_forward",
+                        "CUDNN_ATTENTION": "aten::_cudnn_attention_forward",
+                        "MATH": "aten::_scaled_dot_product_attention_math"},
+}
+_ALL_OPS = {op for table in SDPA_OPS.values() for op in table.values()}
+_ENABLED = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled, "MATH": torch.backends.cuda.math_sdp_enabled,
+            "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
+            "CUDNN_ATTENTION": torch.backends.cuda.cudnn_sdp_enabled}
+_CAN_USE = {"FLASH_ATTENTION": "can_use_flash_attention", "EFFICIENT_ATTENTION": "can_use_efficient_attention",
+            "CUDNN_ATTENTION": "can_use_cudnn_attention"}
+
+
+def _op_table(device: str, layout: str) -> dict[str, str]:
+    return SDPA_OPS[("any", "jagged")] if layout == "jagged" else SDPA_OPS.get((device, layout), {})
+
+
+@dataclass
+class SDPAReport:
+    """Prediction for one SDPA call.
+
+    chosen: the backend SDPA will run (a name from BACKENDS), or None when the call will raise ``error``.
+    reasons: backend -> why it refuses these inputs; an empty list means it accepts them.
+    order: the order SDPA tries backends in on this device and layout.
+    """
+
+    device: str
+    layout: str
+    chosen: str | None
+    reasons: dict[str, list[str]]
+    order: list[str]
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def accepted(self, backend: str) -> bool:
+        return not self.reasons[backend]
+
+    @property
+    def expected_op(self) -> str | None:
+        """The profiler op name of the chosen backend (None if SDPA will raise)."""
+        return _op_table(self.device, self.layout).get(self.chosen) if self.chosen else None
+
+    def expected_ops(self) -> dict[str, bool]:
+        """Backend op name -> whether it should appear in a profile of the call."""
+        return {op: backend == self.chosen for backend, op in _op_table(self.device, self.layout).items()}
+
+    def confirm(self, ops: Iterable[str]) -> list[str]:
+        """Compare with the operators that ran (see :func:`btlib.ops_that_ran`); returns the mismatches."""
+        seen = set(ops)
+        return [f"{op} {'expected but not seen' if want else 'seen but not expected'}"
+                for op, want in self.expected_ops().items() if (op in seen) != want]
+
+    def __str__(self) -> str:
+        head = f"SDPA on {self.device} ({self.layout}): " + (f"runs {self.chosen} ({self.expected_op})" if self.chosen
+                                                            else f"raises: {self.error}")
+        lines = [head]
+        for b in self.order + [b for b in BACKENDS if b not in self.order]:
+            mark = "chosen" if b == self.chosen else ("accepts" if self.accepted(b) else "refuses")
+            lines.append(f"  {b:20s} {mark}" + ("" if self.accepted(b) else ": " + self.reasons[b][0]))
+            lines += [f"  {'':20s}         {r}" for r in self.reasons[b][1:]]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython display
+        p.text(str(self))
+
+
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
+_HEADER = re.compile(r"kernel not used because:$", re.IGNORECASE)
+
+
+def _clean(messages: Iterable[str]) -> list[str]:
+    """Drop torch's section headers and source locations; keep each reason once, in order."""
+    out = [_TRIGGERED.sub("", str(m)).strip() for m in messages]
+    return list(dict.fromkeys(m for m in out if m and not _HEADER.search(m)))
+
+
+class _LogCatcher(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _catch(logger: str = "torch.nested._internal.sdpa") -> Iterator[list[str]]:
+    """Collect torch's warnings (TORCH_WARN) and the nested SDPA logger's records, without printing them."""
+    log, catcher = logging.getLogger(logger), _LogCatcher()
+    propagate = log.propagate
+    log.addHandler(catcher)
+    log.propagate = False
+    messages: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield messages
+    finally:
+        log.removeHandler(catcher)
+        log.propagate = propagate
+        messages += [str(w.message) for w in caught] + catcher.messages
+
+
+def _forced(backend: str) -> contextlib.AbstractContextManager:
+    return sdpa_kernel([SDPBackend.__members__[backend]])
+
+
+def _disabled(backend: str) -> list[str]:
+    if _ENABLED[backend]():
+        return []
+    return [f"disabled in the current context (torch.nn.attention.sdpa_kernel or torch.backends.cuda.enable_"
+            f"{ {'FLASH_ATTENTION': 'flash', 'MATH': 'math', 'EFFICIENT_ATTENTION': 'mem_efficient', 'CUDNN_ATTENTION': 'cudnn'}[backend]}_sdp)"]
+
+
+def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
+    reasons = {}
+    for b in BACKENDS:
+        with _catch() as msgs, _forced(b):
+            try:
+                choice, error = torch._fused_sdp_choice(*args, **kwargs), None
+            except RuntimeError as e:
+                choice, error = None, str(e)
+        why = _clean(msgs)
+        if choice == SDPBackend.__members__[b].value:
+            reasons[b] = []
+        elif why:
+            reasons[b] = why
+        else:  # nothing to report but a refusal: the backend has no kernel on this device
+            said = (error or f"choice {choice}").split(". ")[0]
+            reasons[b] = [f"no CPU kernel in this torch: forced alone, SDPA says '{said}'"]
+    return reasons
+
+
+def _can_use(backend: str, params: SDPAParams, device: str) -> list[str]:
+    """torch.backends.cuda.can_use_*(params, debug=True) with only ``backend`` enabled: its reasons."""
+    name = _CAN_USE[backend]
+    with _catch() as msgs, _forced(backend):
+        ok = getattr(torch.backends.cuda, name)(params, True)
+    if ok:
+        return []
+    why = _clean(msgs)
+    build = " (always, on a torch build without CUDA)" if torch.version.cuda is None else ""
+    return why or [f"torch.backends.cuda.{name}(params) is False for these {device} inputs and gives no reason{build}"]
+
+
+def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: bool, gqa: bool) -> dict[str, list[str]]:
+    from torch.nested._internal import sdpa as nsdpa  # what F.scaled_dot_product_attention calls for jagged inputs
+
+    params = SDPAParams(q, k, v, mask, dropout_p, is_causal, gqa)
+    jagged_gate = {"FLASH_ATTENTION": nsdpa._can_use_flash_sdpa_jagged, "EFFICIENT_ATTENTION": nsdpa._can_use_efficient_sdpa_jagged}
+    reasons = {}
+    for b in BACKENDS:
+        if b == "MATH":
+            with _catch() as msgs:
+                ok = nsdpa._can_use_math_sdpa_jagged(params, True)
+            reasons[b] = [] if ok else _clean(msgs) or ["refused by _can_use_math_sdpa_jagged"]
+            continue
+        why = _can_use(b, params, q.device.type)
+        if b in jagged_gate:
+            with _catch() as msgs, _forced(b):
+                ok = jagged_gate[b](params, True)
+            why += [] if ok else _clean(msgs) or [f"refused by {jagged_gate[b].__name__}"]
+        reasons[b] = why
+    return reasons
+
+
+def explain_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> SDPAReport:
+    """Predict which backend ``F.scaled_dot_product_attention`` runs for these arguments, and why not the others.
+
+    Takes SDPA's own arguments. Call it where SDPA would run (same ``sdpa_kernel`` context,
+    grad mode and dtypes). Nothing is computed: only torch's backend checks run.
+
+    Args:
+        q: (B, H, T, D) (or (..., T, D)); a jagged nested tensor (B, H, j, D) is explained too.
+        k, v: (B, H_kv, S, D) / (B, H_kv, S, D_v); H_kv < H only with enable_gqa.
+        attn_mask: bool (True = may attend) or float (added), broadcastable to (B, H, T, S).
+
+    Example:
+        >>> q = torch.randn(2, 4, 16, 32)
+        >>> explain_sdpa(q, q, q, dropout_p=0.1).chosen          # the CPU flash kernel has no dropout
+        'MATH'
+    """
+    device = q.device.type
+    notes: list[str] = []
+    if q.is_nested and q.layout == torch.jagged:
+        if q.dim() > 3 and q._ragged_idx == 1:
+            notes.append("the ragged dimension is dim 1 (B, j, H, D): SDPA attends over values() of shape (total, H, D), "
+                         "i.e. across heads; transpose(1, 2) to (B, H, j, D) for attention over tokens")
+            r = explain_sdpa(q.values(), k.values(), v.values(), attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            r.notes = notes + r.notes
+            return r
+        from torch.nested._internal import sdpa as nsdpa
+
+        layout, order = "jagged", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"]
+        try:
+            nsdpa._validate_sdpa_input(q, k, v, attn_mask, dropout_p, is_causal, scale)
+        except ValueError as e:
+            return SDPAReport(device, layout, None, {b: [f"input refused before any backend is asked: {e}"] for b in BACKENDS},
+                              order, str(e), notes)
+        reasons = _jagged(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+        with _catch():
+            choice = nsdpa._select_sdp_backend(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+        chosen_val = choice.value
+    else:
+        layout = "dense"
+        if device == "cpu":
+            order = ["FLASH_ATTENTION", "MATH"]  # select_sdp_backend_cpp: fixed, no priority setting
+            reasons = _dense_cpu((q, k, v), dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                                 scale=scale, enable_gqa=enable_gqa))
+        else:
+            names = {m.value: n for n, m in SDPBackend.__members__.items()}
+            order = [names[i] for i in torch._C._get_sdp_priority_order() if names.get(i) in BACKENDS]
+            params = SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+            reasons = {b: [] if b == "MATH" else _can_use(b, params, device) for b in BACKENDS}
+        try:
+            with _catch():
+                chosen_val = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        except RuntimeError as e:
+            chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {_clean([str(e)])[0]}"]
+    for b in BACKENDS:
+        reasons[b] = _disabled(b) + reasons[b]
+    chosen = next((n for n, m in SDPBackend.__members__.items() if m.value == chosen_val and n in BACKENDS), None)
+    error = None if chosen else "No viable backend for scaled_dot_product_attention was found."
+    if chosen and not reasons[chosen] == []:
+        notes.append(f"torch chose {chosen} although its checks refuse it: report this explainer's gap")
+    return SDPAReport(device, layout, chosen, reasons, order, error, notes)
+
+
+def sdpa_ops(ops: Iterable[str]) -> list[str]:
+    """The SDPA backend ops among profiler op names, sorted."""
+    return sorted(set(ops) & _ALL_OPS)
+
+
+@dataclass
+class ForcedRun:
+    """SDPA run with one backend forced: the backend ops that ran, or the refusal torch printed and raised."""
+
+    backend: str
+    ran: bool
+    ops: list[str]
+    messages: list[str]
+
+    def __str__(self) -> str:
+        return f"{self.backend:20s} " + (f"ran {', '.join(self.ops)}" if self.ran else "refused: " + " | ".join(self.messages))
+
+
+def run_forced(backend: str, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> ForcedRun:
+    """Run ``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with only ``backend`` enabled."""
+    with _catch() as msgs:
+        with _forced(backend):
+            try:
+                ops, error = ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs)), None
+            except (RuntimeError, ValueError) as e:
+                ops, error = set(), str(e)
+    messages = _clean(msgs) + ([_clean([error])[0]] if error else [])
+    return ForcedRun(backend, error is None, sdpa_ops(ops), messages)
