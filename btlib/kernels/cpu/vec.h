@@ -1,0 +1,124 @@
+// vec.h: the one SIMD vector type the CPU attention kernels are written against.
+//
+// Three builds of the same kernel source, chosen by the compiler flags btlib passes (build.py):
+//   AVX-512  W = 16 floats, 32 zmm registers: micro-tiles of kR = 6 rows x kNV = 4 vectors
+//   AVX2+FMA W = 8 floats, 16 ymm registers:  kR = 4 rows x kNV = 2 vectors
+//   portable W = 8 floats as plain arrays (the compiler vectorises what it can): 4 x 2
+// A micro-tile keeps kR * kNV accumulators plus kNV loaded vectors and one broadcast in
+// registers: 6 * 4 + 4 + 1 = 29 of 32 zmm; 4 * 2 + 2 + 1 = 11 of 16 ymm.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define BTLIB_VEC_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BTLIB_VEC_AVX2 1
+#endif
+
+namespace btlib_vec {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 2^f on f in [-0.5, 0.5]: Taylor series of exp(f ln 2) to degree 7, error < 1e-8 relative.
+constexpr float kExp2Coef[8] = {1.0f, 0.6931471805599453f, 0.2402265069591007f, 0.05550410866482158f,
+                                0.009618129107628477f, 0.0013333558146428443f, 0.00015403530393381606f,
+                                1.525273380405984e-05f};
+
+#if defined(BTLIB_VEC_AVX512)
+constexpr const char* kIsa = "avx512";
+constexpr int W = 16, kR = 6, kNV = 4;
+using vf = __m512;
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline vf vset1(float a) { return _mm512_set1_ps(a); }
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
+inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
+// lanes >= n become `fill` (n may be <= 0 or >= W)
+inline vf vkeep_first(vf x, int n, float fill) {
+  const __mmask16 k = n >= W ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+  return _mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+}
+// 2^x for x <= 0: n = round(x), 2^(x - n) by polynomial, then scalef multiplies by 2^n
+// (and flushes x < -150, including -inf, to 0).
+inline vf vexp2(vf x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = _mm512_sub_ps(x, n);
+  vf p = _mm512_set1_ps(kExp2Coef[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Coef[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+#elif defined(BTLIB_VEC_AVX2)
+constexpr const char* kIsa = "avx2";
+constexpr int W = 8, kR = 4, kNV = 2;
+using vf = __m256;
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
+inline vf vset1(float a) { return _mm256_set1_ps(a); }
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vhmax(vf a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+inline float vhsum(vf a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+inline vf vkeep_first(vf x, int n, float fill) {
+  const vf lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const vf keep = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n)), _CMP_LT_OQ);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), x, keep);
+}
+// 2^x for x <= 0; 2^n is built in the exponent bits, so x is clamped at -126 (2^-126 ~ 1e-38,
+// which the masks then replace by an exact 0 where a key is not allowed).
+inline vf vexp2(vf x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+  const vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = _mm256_sub_ps(x, n);
+  vf p = _mm256_set1_ps(kExp2Coef[7]);
+  for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coef[i]));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#else
+constexpr const char* kIsa = "portable";
+constexpr int W = 8, kR = 4, kNV = 2;
+struct vf { float v[W]; };
+inline vf vload(const float* p) { vf r; for (int i = 0; i < W; ++i) r.v[i] = p[i]; return r; }
+inline void vstore(float* p, vf x) { for (int i = 0; i < W; ++i) p[i] = x.v[i]; }
+inline vf vset1(float a) { vf r; for (int i = 0; i < W; ++i) r.v[i] = a; return r; }
+inline vf vzero() { return vset1(0.0f); }
+inline vf vfma(vf a, vf b, vf c) { for (int i = 0; i < W; ++i) c.v[i] += a.v[i] * b.v[i]; return c; }
+inline vf vmul(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] *= b.v[i]; return a; }
+inline vf vadd(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] += b.v[i]; return a; }
+inline vf vsub(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] -= b.v[i]; return a; }
+inline vf vmax(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
+inline float vhmax(vf a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+inline float vhsum(vf a) { float s = 0.0f; for (int i = 0; i < W; ++i) s += a.v[i]; return s; }
+inline vf vkeep_first(vf x, int n, float fill) { for (int i = 0; i < W; ++i) if (i >= n) x.v[i] = fill; return x; }
+inline vf vexp2(vf x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp2(x.v[i]); return x; }
+#endif
+
+}  // namespace btlib_vec
