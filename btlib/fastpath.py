@@ -172,13 +172,14 @@ def _init_nested_reasons(layer: nn.Module) -> list[str]:
 def _explain_encoder(enc: nn.TransformerEncoder, src: Tensor, mask, src_key_padding_mask) -> FastpathReport:
     first = enc.layers[0]
     nested, notes = [], []
-    if not getattr(enc, "use_nested_tensor", False):
-        init = _init_nested_reasons(first)
+    enabled, used = getattr(enc, "enable_nested_tensor", None), getattr(enc, "use_nested_tensor", False)
+    init = _init_nested_reasons(first)
+    if not used:
         nested += (["use_nested_tensor is False because " + r for r in init] if init
-                   else ["built with enable_nested_tensor=False"])
-    if getattr(enc, "enable_nested_tensor", None) != getattr(enc, "use_nested_tensor", None):
-        notes.append(f"enable_nested_tensor={enc.enable_nested_tensor} but use_nested_tensor={enc.use_nested_tensor}: "
-                     "forward reads use_nested_tensor; setting enable_nested_tensor after construction changes nothing")
+                   else ["use_nested_tensor is False (built with enable_nested_tensor=False)"])
+    if enabled is False and used:
+        notes.append("enable_nested_tensor=False was set after construction and changes nothing: forward reads "
+                     "use_nested_tensor (set it, or build the encoder with enable_nested_tensor=False)")
     nested += [r for r in _global_reasons(first) if r not in nested]
     if src.dim() != 3:
         nested.append(f"input is not batched (dim {src.dim()}, needs 3)")
@@ -239,8 +240,8 @@ def explain_fastpath(
 
 def ops_that_ran(fn: Callable[[], object]) -> set[str]:
     """Names of the aten operators the profiler records while ``fn()`` runs once."""
-    from torch.profiler import ProfilerActivity, profile
+    from ._profiler import quiet_profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with quiet_profile() as prof:
         fn()
     return {evt.key for evt in prof.key_averages()}

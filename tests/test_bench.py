@@ -83,3 +83,16 @@ def test_plot(tmp_path):
 def test_quick_mode(monkeypatch, value, expected):
     monkeypatch.setenv("BTLIB_QUICK", value)
     assert bench.quick_mode() is expected
+
+
+def test_peak_memory_sees_the_score_matrix():
+    import torch.nn.functional as F
+
+    import btlib
+
+    q = torch.randn(1, 2, 256, 16)
+    scores = 2 * 256 * 256 * 4  # bytes of one (B, H, T, T) fp32 tensor
+    naive = bench.peak_memory(lambda: btlib.reference_attention(q, q, q))
+    fused = bench.peak_memory(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert naive >= 2 * scores  # scores and probabilities live at once
+    assert fused < scores  # the fused kernel never holds T x T

@@ -1,6 +1,6 @@
 """Benchmarks as data and one runner: ``python -m btlib.bench list | run NAME | summary``.
 
-Every module of this package other than the harness (core, report, __main__) declares
+Every module of this package other than the harness (core, report, memory, __main__) declares
 benchmarks; :func:`load_all` imports them all, so a new module is picked up by the CLI.
 """
 
@@ -8,9 +8,10 @@ import importlib
 import pkgutil
 
 from .core import BENCHMARKS, Benchmark, Provider, declare, describe_machine, quick_mode, results_dir, run, time_fn
+from .memory import peak_memory
 from .report import load_rows, plot, speedups, table
 
-_HARNESS = {"core", "report", "__main__"}
+_HARNESS = {"core", "report", "memory", "__main__"}
 
 
 def load_all() -> dict[str, Benchmark]:
@@ -22,4 +23,4 @@ def load_all() -> dict[str, Benchmark]:
 
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run",
-           "time_fn", "load_rows", "plot", "speedups", "table", "load_all"]
+           "time_fn", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

@@ -112,11 +112,11 @@ def tutorial_batches() -> dict[str, list[str]]:
 
 
 @functools.lru_cache(maxsize=2)
-def cached_classifier(cfg: XLMRConfig, seed: int = 0) -> tuple[XLMRClassifier, XLMRClassifier]:
+def cached_classifier(cfg: XLMRConfig, device: str = "cpu", seed: int = 0) -> tuple[XLMRClassifier, XLMRClassifier]:
     """(classifier with nested tensors enabled, the same weights with nested disabled), eval mode."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = XLMRClassifier(cfg).eval()
+        model = XLMRClassifier(cfg).to(device).eval()
     twin = copy.copy(model)  # shallow: every submodule shared ...
     twin._modules = dict(model._modules)
     twin.encoder = dense_twin(model.encoder)  # ... but the encoder, which never nests
@@ -132,8 +132,8 @@ TUTORIAL_MODELS = {
 
 def _tutorial_inputs(p: dict) -> dict:
     cfg = TUTORIAL_MODELS[p["model"]]
-    model, dense = cached_classifier(cfg)
-    tokens = WordTokenizer(cfg.vocab_size, max_length=cfg.max_positions - 2)(tutorial_batches()[p["batch"]])
+    model, dense = cached_classifier(cfg, p["device"])
+    tokens = WordTokenizer(cfg.vocab_size, max_length=cfg.max_positions - 2)(tutorial_batches()[p["batch"]]).to(p["device"])
     return {"tokens": tokens, "model": model, "dense": dense}
 
 
@@ -150,7 +150,7 @@ declare(Benchmark(
     reference=lambda x: run_slow(x["dense"], x["tokens"]),
     error=lambda out, ref, x: relative_error(out, ref),
     tol=ENCODER_TOL,
-    params={"model": "base"},
+    params={"model": "base", "device": "cpu"},
     quick={"model": "tiny"},
     baseline="slow",
 ))
