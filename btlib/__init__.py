@@ -12,6 +12,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
 
 from .attention import attention, varlen_attention
 from .fastpath import FastpathReport, explain_fastpath, ops_that_ran
+from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
 from .nested import nested_to_packed, nested_to_padded, packed_to_nested, padded_to_nested
 from .padding import (
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
     "explain_fastpath", "FastpathReport", "ops_that_ran",
+    "explain_sdpa", "SDPAReport", "run_forced", "ForcedRun", "sdpa_ops",
     "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",
     "lengths_to_padding_mask", "padding_mask_to_lengths",
     "packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded",

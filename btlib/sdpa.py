@@ -87,10 +87,14 @@ class SDPAReport:
     def accepted(self, backend: str) -> bool:
         return not self.reasons[backend]
 
+    def op(self, backend: str) -> str | None:
+        """The profiler op name of ``backend`` for this device and layout (None: it has none here)."""
+        return _op_table(self.device, self.layout).get(backend)
+
     @property
     def expected_op(self) -> str | None:
         """The profiler op name of the chosen backend (None if SDPA will raise)."""
-        return _op_table(self.device, self.layout).get(self.chosen) if self.chosen else None
+        return self.op(self.chosen) if self.chosen else None
 
     def expected_ops(self) -> dict[str, bool]:
         """Backend op name -> whether it should appear in a profile of the call."""
