@@ -338,13 +338,18 @@ void attention_v3(const Problem& p, const scalar_t* q, const scalar_t* k, const 
     for (int64_t h = 0; h < p.H; ++h)
       for (int64_t q0 = 0; q0 < p.len_q(b); q0 += Br) tasks.push_back({b, h, q0});
   const int64_t D = p.D, Dp = round_up(D, W);
-#pragma omp parallel num_threads(at::get_num_threads())
+  const int threads = at::get_num_threads();
+  // Chunks of consecutive tasks, about 8 per thread: a thread then runs runs of query blocks of
+  // one (b, h) and packs its K^T and V once, while the chunks still balance uneven (causal,
+  // varlen) work.
+  const int64_t chunk = std::max<int64_t>(1, int64_t(tasks.size()) / (8 * threads));
+#pragma omp parallel num_threads(threads)
   {
     Workspace ws;
     ws.qs.resize(Br * D);
     ws.S.resize(Br * Bc);
     ws.O.resize(Br * Dp);
-#pragma omp for schedule(dynamic, 1) nowait
+#pragma omp for schedule(dynamic, chunk) nowait
     for (size_t t = 0; t < tasks.size(); ++t) flash_block(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws);
 #pragma omp for collapse(2) nowait
     for (int64_t b = 0; b < p.B; ++b)

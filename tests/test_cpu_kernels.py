@@ -1,0 +1,177 @@
+"""btlib's C++ CPU kernels: every registered "cpp" kernel against the reference, bf16, errors, build cache.
+
+The kernels are taken from the registry (backend "cpp"), so a new C++ kernel is tested here
+without a new test. Sizes are small but never tile multiples (Br = Bc = 64): T = 1, 97, 333.
+The first test builds the library (about 15-30 s on a cold cache).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import btlib
+from btlib.kernels import kernels, registry, relative_error
+from btlib.kernels.cpu import build
+
+pytestmark = pytest.mark.skipif(build.available() is not None, reason=f"C++ kernels cannot build here: {build.available()}")
+
+CPP = kernels(backend="cpp")
+PADDED = [k for k in CPP if k.layout == "padded"]
+VARLEN = [k for k in CPP if k.layout == "varlen"]
+SHAPES = [  # (B, H, T, D)
+    (1, 1, 1, 32),
+    (2, 3, 97, 64),
+    (1, 1, 333, 80),
+    (3, 2, 97, 128),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    return build.load()
+
+
+def _lengths(kind: str, B: int, T: int) -> torch.Tensor | None:
+    if kind == "none":
+        return None
+    g = torch.Generator().manual_seed(B * 1000 + T)
+    L = torch.randint(0, T + 1, (B,), generator=g)
+    if kind == "with_empty":
+        L[0] = 0  # a sequence of length 0: every one of its rows is fully padded
+    return L
+
+
+def _run(kernel, q, k, v, L, causal):
+    """The kernel's output and the reference, both in the kernel's layout; q, k, v: (B, H, T, D)."""
+    if kernel.layout == "padded":
+        return (kernel.fn(q, k, v, lengths=L, causal=causal, scale=None),
+                btlib.reference_attention(q, k, v, lengths=L, causal=causal))
+    L = torch.full((q.shape[0],), q.shape[2]) if L is None else L
+    packed = [btlib.pack(x.transpose(1, 2), L).tokens for x in (q, k, v)]  # (total, H, D)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    return (kernel.fn(*packed, cu, max_seqlen, causal=causal, scale=None),
+            btlib.reference_varlen_attention(*[p.float() for p in packed], cu, max_seqlen, causal=causal))
+
+
+@pytest.mark.parametrize("kernel", CPP, ids=lambda k: k.name)
+@pytest.mark.parametrize("B,H,T,D", SHAPES)
+@pytest.mark.parametrize("lengths", ["none", "random", "with_empty"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_matches_reference(kernel, B, H, T, D, lengths, causal):
+    q, k, v = torch.randn(3, B, H, T, D)
+    out, ref = _run(kernel, q, k, v, _lengths(lengths, B, T), causal)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= kernel.tol
+
+
+@pytest.mark.parametrize("kernel", CPP, ids=lambda k: k.name)
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(0, 150), min_size=1, max_size=4), causal=st.booleans(), D=st.sampled_from([8, 24, 64]))
+def test_random_lengths(kernel, lengths, causal, D):
+    L = torch.tensor(lengths)
+    T = max(1, int(L.max()) + (lengths[0] % 3))  # sometimes every sequence is shorter than T
+    q, k, v = torch.randn(3, len(lengths), 2, T, D)
+    out, ref = _run(kernel, q, k, v, L, causal)
+    assert relative_error(out, ref) <= kernel.tol
+
+
+@pytest.mark.parametrize("kernel", PADDED, ids=lambda k: k.name)
+def test_strided_inputs(kernel):
+    # (B, T, H, D) projections viewed as (B, H, T, D): no copy needed, only head_dim contiguous
+    q, k, v = (x.transpose(1, 2) for x in torch.randn(3, 2, 70, 3, 32))
+    L = torch.tensor([70, 41])
+    out = kernel.fn(q, k, v, lengths=L, causal=False, scale=0.3)
+    assert out.is_contiguous()
+    assert relative_error(out, btlib.reference_attention(q, k, v, lengths=L, scale=0.3)) <= kernel.tol
+
+
+@pytest.mark.parametrize("kernel", [k for k in CPP if torch.bfloat16 in k.dtypes], ids=lambda k: k.name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_within_twice_sdpa_error(kernel, causal):
+    B, H, T, D = 2, 3, 97, 64
+    q, k, v = torch.randn(3, B, H, T, D)
+    L = torch.tensor([97, 50])
+    sdpa = registry.get("torch_sdpa").fn
+    ref = btlib.reference_attention(q, k, v, lengths=L, causal=causal)
+    torch_err = relative_error(sdpa(*(x.bfloat16() for x in (q, k, v)), lengths=L, causal=causal).float(), ref)
+    q16, k16, v16 = (x.bfloat16() for x in (q, k, v))
+    out, ref16 = _run(kernel, q16, k16, v16, L, causal)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out.float(), ref16) <= registry.LOW_PRECISION_FACTOR * torch_err
+
+
+def test_auto_picks_the_cpp_kernels_on_cpu():
+    q = torch.randn(1, 2, 5, 16)
+    assert registry.select("padded", q, causal=True).name == "cpu_flash_v3"
+    assert registry.select("varlen", q[0], causal=False).name == "cpu_flash_varlen"
+    assert registry.select("padded", q.double(), causal=False).backend == "torch"  # fp64: PyTorch's kernel
+
+
+q4 = torch.randn(2, 2, 5, 8)
+x3 = torch.randn(6, 2, 8)
+cu_ok = torch.tensor([0, 2, 6], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("call, err, match", [
+    # through the public entry points (btlib/checks.py, the registry)
+    (lambda: btlib.attention(q4.double(), q4.double(), q4.double(), backend="cpu_flash_v3"), ValueError, "supports float32, bfloat16"),
+    (lambda: btlib.attention(q4.half(), q4.half(), q4.half(), backend="cpu_naive_v1"), ValueError, "supports float32"),
+    (lambda: btlib.attention(q4.to("meta"), q4.to("meta"), q4.to("meta"), backend="cpu_flash_v3"), ValueError, "runs on cpu"),
+    (lambda: btlib.attention(*torch.randn(3, 1, 1, 4, 300), backend="cpu_flash_v3"), ValueError, "head_dim 300 > 256"),
+    (lambda: btlib.attention(q4[0], q4[0], q4[0], backend="cpu_flash_v3"), ValueError, r"\(B, H, T, D\)"),
+    (lambda: btlib.attention(*(q4.transpose(2, 3),) * 3, backend="cpu_flash_v3"), ValueError, "contiguous"),
+    (lambda: btlib.attention(q4, q4, q4, lengths=torch.tensor([5, 6]), backend="cpu_flash_v3"), ValueError, "<= the padded length"),
+    (lambda: btlib.varlen_attention(x3, x3, x3, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 4, backend="cpu_flash_varlen"),
+     ValueError, "non-decreasing"),
+    # straight into the C++ ops: the binding's own checks
+    (lambda: torch.ops.btlib_cpu.attention_v3(q4.double(), q4.double(), q4.double(), None, False, 1.0), RuntimeError, "dtype must be float32"),
+    (lambda: torch.ops.btlib_cpu.attention_v1(q4.bfloat16(), q4.bfloat16(), q4.bfloat16(), None, False, 1.0), RuntimeError, "dtype must be float32;"),
+    (lambda: torch.ops.btlib_cpu.attention_v3(q4[0], q4[0], q4[0], None, False, 1.0), RuntimeError, r"expected \(B, H, T, D\)"),
+    (lambda: torch.ops.btlib_cpu.attention_v3(*(q4.transpose(2, 3),) * 3, None, False, 1.0), RuntimeError, "head_dim must be contiguous"),
+    (lambda: torch.ops.btlib_cpu.attention_v2(*torch.randn(3, 1, 1, 4, 300), None, False, 1.0), RuntimeError, r"head_dim must be in \[1, 256\]"),
+    (lambda: torch.ops.btlib_cpu.attention_v3(q4, q4, q4, torch.tensor([5, 6]), False, 1.0), RuntimeError, r"lengths must lie in \[0, 5\]"),
+    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 4, False, 1.0),
+     RuntimeError, "non-decreasing"),
+    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok, 3, False, 1.0), RuntimeError, "length 4 > max_seqlen 3"),
+    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok.long(), 4, False, 1.0), RuntimeError, "int32"),
+    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok[:2], 4, False, 1.0), RuntimeError, "must equal the number of tokens"),
+])
+def test_bad_inputs_raise(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_second_load_does_not_recompile():
+    lib = build.library_path()
+    assert lib.exists()
+    before = lib.stat().st_mtime_ns
+    r = _python("from btlib.kernels.cpu import build; info, s = build.timed_load(); print(info); print(f'{s:.3f}')")
+    assert r.returncode == 0, r.stderr
+    assert "compiling" not in r.stderr  # the one-line build message is printed only when building
+    assert lib.stat().st_mtime_ns == before
+    assert float(r.stdout.split()[-1]) < 5.0  # a load, not a ~30 s compile
+
+
+def test_no_compiler_falls_back_to_pytorch():
+    code = ("import torch, btlib\n"
+            "from btlib.kernels import registry\n"
+            "q = torch.randn(1, 2, 5, 16)\n"
+            "print(registry.select('padded', q, False).name)\n"
+            "try:\n    btlib.attention(q, q, q, backend='cpu_flash_v3')\n"
+            "except ValueError as e:\n    print(e)\n")
+    r = _python(code, CXX="/nonexistent/c++")
+    assert r.returncode == 0, r.stderr
+    chosen, why = r.stdout.splitlines()[:2]
+    assert chosen == "torch_sdpa"
+    assert "no C++ compiler" in why
