@@ -1,0 +1,97 @@
+"""Benchmarks of btlib's C++ CPU kernels (notebook 04), beside the shared ones in attention.py.
+
+- ``cpu_attention_versions``: v1, v2, v3 side by side with the naive reference and SDPA, time
+  against T on a small batch (v1 and v2 are plain loops: seconds at the issue's sizes).
+- ``attention_dense_bf16``: v3 on bfloat16 inputs against SDPA in bfloat16. The check is
+  STYLE.md's low-precision rule: the error against the fp32 reference, divided by twice SDPA's
+  own bf16 error, must be <= 1.
+- :func:`matmul_peak`: this machine's fp32 matmul GFLOP/s, the ceiling attention is held against.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from ..kernels import get, kernels, relative_error
+from ..kernels.registry import LOW_PRECISION_FACTOR
+from ..reference import reference_attention
+from .attention import _attn_bytes, _attn_flops, _dense_inputs
+from .core import Benchmark, Provider, declare, time_fn
+
+__all__ = ["matmul_peak"]
+
+
+def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of an (n x n) @ (n x n) matmul (PyTorch's BLAS), median of repeated runs."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        ms = statistics.median(time_fn(lambda: a @ b, warmup=3, min_runs=10, min_time_s=0.5))
+    finally:
+        torch.set_num_threads(old)
+    return 2.0 * n**3 / (ms * 1e-3) / 1e9
+
+
+_VERSIONS = ("reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa")
+
+
+def _padded_provider(name: str) -> Provider:
+    k = get(name)
+    return Provider(name, lambda x: k.fn(x["q"], x["k"], x["v"], lengths=None, causal=False, scale=None),
+                    available=k.available, label=k.description)
+
+
+def _version_providers() -> list[Provider]:
+    names = {k.name for k in kernels("padded")}
+    return [_padded_provider(n) for n in _VERSIONS if n in names]
+
+
+declare(Benchmark(
+    name="cpu_attention_versions",
+    description="C++ v1 (materialise) / v2 (tiled, two passes) / v3 (online softmax, SIMD) vs the reference and SDPA, fp32",
+    x_name="T", x_vals=(128, 256, 512),
+    providers=_version_providers,
+    make_inputs=_dense_inputs,
+    reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
+    error=lambda out, ref, x: relative_error(out, ref),
+    tol=1e-5,
+    params={"B": 2, "H": 4, "D": 64},
+    quick={"B": 1, "H": 2, "D": 32, "x_vals": (64, 97)},
+    flops=_attn_flops, bytes=_attn_bytes, baseline="torch_sdpa",
+))
+
+
+def _bf16_inputs(p: dict) -> dict:
+    x = _dense_inputs(p)
+    return {**x, "bf16": [x[n].bfloat16() for n in ("q", "k", "v")]}
+
+
+def _bf16_reference(x: dict) -> dict:
+    ref = reference_attention(x["q"], x["k"], x["v"])
+    sdpa_err = relative_error(get("torch_sdpa").fn(*x["bf16"]).float(), ref)
+    return {"ref": ref, "sdpa_err": sdpa_err}
+
+
+def _bf16_providers() -> list[Provider]:
+    names = [k.name for k in kernels("padded") if torch.bfloat16 in k.dtypes and k.name in ("cpu_flash_v3", "torch_sdpa")]
+    return [Provider(n, lambda x, k=get(n): k.fn(*x["bf16"], lengths=None, causal=False, scale=None),
+                     available=get(n).available, label=get(n).description) for n in names]
+
+
+declare(Benchmark(
+    name="attention_dense_bf16",
+    description="bfloat16 attention on (B, H, T, D): C++ v3 (fp32 sums) vs SDPA; error in units of 2x SDPA's bf16 error",
+    x_name="T", x_vals=(128, 256, 512, 1024),
+    providers=_bf16_providers,
+    make_inputs=_bf16_inputs,
+    reference=_bf16_reference,
+    error=lambda out, ref, x: relative_error(out.float(), ref["ref"]) / (LOW_PRECISION_FACTOR * ref["sdpa_err"]),
+    tol=1.0,
+    params={"B": 8, "H": 12, "D": 64},
+    quick={"B": 2, "H": 2, "D": 32, "x_vals": (32, 97)},
+    flops=_attn_flops, bytes=lambda p: _attn_bytes(p) / 2, baseline="torch_sdpa",
+))
