@@ -47,6 +47,7 @@ class Provider:
 
     checked=False marks a yardstick that computes something else on purpose (e.g. the "ideal"
     run on a batch without padding); it is timed but not compared with the reference.
+    tol overrides the benchmark's tolerance for this provider (e.g. a bf16 provider).
     """
 
     name: str
@@ -54,6 +55,7 @@ class Provider:
     available: Callable[[], str | None] = lambda: None
     label: str | None = None
     checked: bool = True
+    tol: float | None = None
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,8 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                         err = None
                 if why is not None:
                     row.update(status="skipped", reason=why)
-                elif not err <= bench.tol:
-                    row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {bench.tol:.0e}; not timed")
+                elif not err <= (tol := bench.tol if pr.tol is None else pr.tol):
+                    row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {tol:.0e}; not timed")
                 else:
                     times = time_fn(lambda: pr.fn(inputs), device=device, **timing)
                     med = statistics.median(times)

@@ -5,6 +5,10 @@ Providers (one encoder, shared weights, eval mode under torch.inference_mode):
   plain nn.Module code, attention by SDPA, padding computed and masked.
 - ``fastpath``: PyTorch's fused ``_transformer_encoder_layer_fwd`` on the padded batch.
 - ``fastpath_nested``: the same plus nested tensors: linear layers skip padding.
+- ``btlib_packed``: btlib.PackedEncoder on the same weights: pack once, every layer on the
+  real tokens with btlib's varlen attention, unpack once. ``btlib_packed_bf16``: the same in
+  bf16 (weights copied), checked to 5e-2 relative (bf16 keeps 8 bits of mantissa; the
+  notebook checks cosine similarity >= 0.999 per token as well).
 - ``ideal`` (unchecked yardstick): the fastpath on a batch with the same number of real tokens
   and no padding, B sequences of length round((1 - p) T). What skipping padding could reach.
 
@@ -27,6 +31,7 @@ from ..lengths import encoder_flops, uniform_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
+from ..packed_encoder import PackedEncoder
 from ..paths import data_file
 from .core import Benchmark, Provider, declare
 
@@ -38,6 +43,13 @@ def cached_encoder(cfg: EncoderConfig, seed: int = 0) -> tuple[nn.TransformerEnc
     """(nested-capable encoder, its dense twin), eval mode, weights shared. Cached per shape."""
     enc = build_encoder(cfg, seed=seed).eval()
     return enc, dense_twin(enc).eval()
+
+
+@functools.lru_cache(maxsize=2)
+def cached_packed(cfg: EncoderConfig, dtype: torch.dtype = torch.float32, seed: int = 0) -> PackedEncoder:
+    """btlib.PackedEncoder on :func:`cached_encoder`'s weights (shared in fp32, converted copy otherwise)."""
+    enc, _ = cached_encoder(cfg, seed)
+    return PackedEncoder.from_module(enc, dtype=None if dtype == torch.float32 else dtype)
 
 
 def run_slow(fn, *args, **kwargs):
@@ -57,12 +69,16 @@ def _fast(fn, *args, **kwargs):
 
 
 def encoder_providers() -> list[Provider]:
-    """The PyTorch paths for an inputs dict with encoder, dense, src, mask, ideal_src."""
+    """PyTorch's paths, btlib's packed encoder and the ideal, for :func:`encoder_inputs`' dict."""
     return [
         Provider("slow", lambda x: run_slow(x["dense"], x["src"], src_key_padding_mask=x["mask"]), label="fastpath off"),
         Provider("fastpath", lambda x: _fast(x["dense"], x["src"], src_key_padding_mask=x["mask"]), label="fused layers, padded"),
         Provider("fastpath_nested", lambda x: _fast(x["encoder"], x["src"], src_key_padding_mask=x["mask"]),
                  label="fused layers + nested tensors"),
+        Provider("btlib_packed", lambda x: _fast(cached_packed(x["config"]), x["src"], x["lengths"]),
+                 label="btlib.PackedEncoder, fp32"),
+        Provider("btlib_packed_bf16", lambda x: _fast(cached_packed(x["config"], torch.bfloat16), x["src"], x["lengths"]),
+                 label="btlib.PackedEncoder, bf16", tol=5e-2),
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
     ]
 
@@ -75,7 +91,7 @@ def encoder_inputs(p: dict) -> dict:
     g = torch.Generator().manual_seed(p.get("seed", 0))
     src = torch.randn(B, T, cfg.d_model, generator=g)
     ideal_T = max(1, round(int(lengths.sum()) / B))
-    return {"encoder": enc, "dense": dense, "src": src, "mask": lengths_to_padding_mask(lengths, T),
+    return {"config": cfg, "encoder": enc, "dense": dense, "src": src, "mask": lengths_to_padding_mask(lengths, T),
             "lengths": lengths, "ideal_src": torch.randn(B, ideal_T, cfg.d_model, generator=g)}
 
 
