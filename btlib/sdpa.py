@@ -64,7 +64,7 @@ _CAN_USE = {"FLASH_ATTENTION": "can_use_flash_attention", "EFFICIENT_ATTENTION":
 
 
 def _op_table(device: str, layout: str) -> dict[str, str]:
-    return SDPA_OPS[("any", "jagged")] if layout == "jagged" else SDPA_OPS.get((device, layout), {})
+    return SDPA_OPS[("any", "jagged")] if layout == "jagged" else SDPA_OPS.get((device, "dense"), {})
 
 
 @dataclass
@@ -175,7 +175,7 @@ def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
         with _catch() as msgs, _forced(b):
             try:
                 choice, error = torch._fused_sdp_choice(*args, **kwargs), None
-            except RuntimeError as e:
+            except (RuntimeError, NotImplementedError) as e:
                 choice, error = None, str(e)
         why = _clean(msgs)
         if choice == SDPBackend.__members__[b].value:
@@ -268,7 +268,7 @@ def explain_sdpa(
             choice = nsdpa._select_sdp_backend(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
         chosen_val = choice.value
     else:
-        layout = "dense"
+        layout = "strided nested" if q.is_nested else "dense"  # strided nested tensors go through aten's dense dispatcher
         if device == "cpu":
             order = ["FLASH_ATTENTION", "MATH"]  # select_sdp_backend_cpp: fixed, no priority setting
             reasons = _dense_cpu((q, k, v), dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -281,8 +281,8 @@ def explain_sdpa(
         try:
             with _catch():
                 chosen_val = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-        except RuntimeError as e:
-            chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {_clean([str(e)])[0]}"]
+        except (RuntimeError, NotImplementedError) as e:
+            chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {_clean([str(e)]) or [type(e).__name__]}"]
     for b in BACKENDS:
         reasons[b] = _disabled(b) + reasons[b]
     chosen = next((n for n, m in SDPBackend.__members__.items() if m.value == chosen_val and n in BACKENDS), None)

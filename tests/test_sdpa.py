@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,6 +116,15 @@ def test_jagged_inputs(device, kwargs):
             assert not any(report.accepted(b) for b in BACKENDS)
         else:
             _agree(report, (nt, nt, nt), kwargs)
+
+
+def test_strided_nested_inputs():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "The PyTorch API of nested tensors is in prototype stage", once per process
+        nt = torch.nested.nested_tensor([torch.randn(H, L, D) for L in (3, 5)])  # the old layout, (B, H, j, D)
+    r = explain_sdpa(nt, nt, nt)
+    assert r.layout == "strided nested" and not r.accepted("FLASH_ATTENTION")
+    _agree(r, (nt, nt, nt), {})
 
 
 def test_jagged_with_ragged_dim_1_is_flagged():
