@@ -1,0 +1,142 @@
+// btlib CUDA attention: the thin torch binding of flash_attention_forward (flash_attn.cu).
+// Checks every input at the boundary with a message that says what to fix, fills Params, launches
+// on torch's current stream and turns a CUDA launch error into a Python RuntimeError.
+// Built by build.py with torch.utils.cpp_extension on machines with a CUDA torch and toolkit.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+
+#include "flash_attn.h"
+
+namespace {
+
+using btlib_cuda::DType;
+using btlib_cuda::Params;
+
+DType dtype_of(const at::Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default: TORCH_CHECK(false, "btlib CUDA attention: q, k, v must be float16, bfloat16 or float32; got ", x.scalar_type());
+  }
+  return DType::kFloat32;  // unreachable
+}
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rank) {
+  const char* shape = rank == 4 ? "(B, H, T, D)" : "(total, H, D)";
+  for (const at::Tensor* x : {&q, &k, &v}) {
+    TORCH_CHECK(x->is_cuda(), "btlib CUDA attention: inputs must be CUDA tensors; got ", x->device(),
+                ". Move them with .cuda(), or use btlib.attention(backend='auto') on the CPU");
+    TORCH_CHECK(x->dim() == rank, "btlib CUDA attention: expected q, k, v of shape ", shape, "; got ", x->sizes());
+    TORCH_CHECK(x->numel() == 0 || x->stride(-1) == 1, "btlib CUDA attention: head_dim must be contiguous (stride 1); call .contiguous()");
+    TORCH_CHECK(x->device() == q.device(), "btlib CUDA attention: q, k, v must be on one device; got ", q.device(), " and ", x->device());
+  }
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "btlib CUDA attention: q, k, v must share one dtype; got ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
+  TORCH_CHECK(k.sizes() == v.sizes(), "btlib CUDA attention: k and v must have one shape; got ", k.sizes(), " and ", v.sizes());
+  const int64_t D = q.size(-1);
+  TORCH_CHECK(D >= 1 && D <= btlib_cuda::kMaxHeadDim, "btlib CUDA attention: head_dim must be in [1, ", btlib_cuda::kMaxHeadDim,
+              "]; got ", D, ". Use btlib.attention(backend='auto') for larger heads");
+  TORCH_CHECK(k.size(-1) == D, "btlib CUDA attention: q and k must have one head_dim; got ", D, " and ", k.size(-1));
+}
+
+void fill_strides(int64_t* s, const at::Tensor& x, bool varlen) {
+  if (varlen) {
+    s[0] = 0, s[1] = x.stride(1), s[2] = x.stride(0);  // (total, H, D): sequence b starts at row cu_seqlens[b]
+  } else {
+    s[0] = x.stride(0), s[1] = x.stride(1), s[2] = x.stride(2);
+  }
+}
+
+at::Tensor run(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool varlen) {
+  at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = o.data_ptr();
+  fill_strides(p.q_stride, q, varlen), fill_strides(p.k_stride, k, varlen);
+  fill_strides(p.v_stride, v, varlen), fill_strides(p.o_stride, o, varlen);
+  p.D = static_cast<int>(q.size(-1));
+  TORCH_CHECK(p.B <= 65535 && p.H <= 65535, "btlib CUDA attention: at most 65535 sequences and heads (grid limits); got B=", p.B, ", H=", p.H);
+  if (o.numel() == 0) return o;
+  const char* err = btlib_cuda::flash_attention_forward(p, dtype_of(q), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  TORCH_CHECK(err == nullptr, "btlib CUDA attention: kernel launch failed: ", err ? err : "",
+              ". If it says 'no kernel image', the extension was built for another GPU: clear its build directory "
+              "(btlib.kernels.gpu.build.build_directory()) and rebuild");
+  return o;
+}
+
+at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths,
+                         bool causal, double scale) {
+  check_qkv(q, k, v, 4);
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1), "btlib CUDA attention: k must be (B, H, S, D) with q's B and H; got q ",
+              q.sizes(), ", k ", k.sizes());
+  Params p;
+  p.B = static_cast<int>(q.size(0)), p.H = static_cast<int>(q.size(1));
+  p.Tq = static_cast<int>(q.size(2)), p.Tk = static_cast<int>(k.size(2));
+  p.causal = causal;
+  p.scale_log2e = static_cast<float>(scale * 1.4426950408889634);
+  at::Tensor len;
+  if (lengths.has_value()) {
+    TORCH_CHECK(lengths->dim() == 1 && lengths->size(0) == q.size(0), "btlib CUDA attention: lengths must be (B,) = (", q.size(0),
+                ",); got ", lengths->sizes());
+    TORCH_CHECK(!at::isFloatingType(lengths->scalar_type()) && lengths->scalar_type() != at::kBool,
+                "btlib CUDA attention: lengths must be an integer tensor; got ", lengths->scalar_type());
+    len = lengths->to(q.device(), at::kInt).contiguous();
+    if (len.numel() > 0) {
+      const int64_t lo = len.min().item<int64_t>(), hi = len.max().item<int64_t>();  // one sync: checks beat silent garbage
+      TORCH_CHECK(lo >= 0 && hi <= std::min(p.Tq, p.Tk), "btlib CUDA attention: lengths must lie in [0, ", std::min(p.Tq, p.Tk),
+                  "] (the padded length); got [", lo, ", ", hi, "]");
+    }
+    p.lengths = len.data_ptr<int32_t>();
+  }
+  return run(p, q, k, v, false);
+}
+
+at::Tensor varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+                      bool causal, double scale) {
+  check_qkv(q, k, v, 3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(k.sizes() == q.sizes(), "btlib CUDA varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ",
+              k.sizes());
+  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1,
+              "btlib CUDA varlen attention: cu_seqlens must be a 1-D int32 tensor of B + 1 offsets; got ", cu_seqlens.scalar_type(), " ",
+              cu_seqlens.sizes(), ". Use btlib.lengths_to_cu_seqlens(lengths)");
+  TORCH_CHECK(cu_seqlens.device() == q.device(), "btlib CUDA varlen attention: cu_seqlens must be on q's device (", q.device(), "); got ",
+              cu_seqlens.device());
+  TORCH_CHECK(max_seqlen >= 0 && max_seqlen <= INT32_MAX, "btlib CUDA varlen attention: max_seqlen must be in [0, 2^31); got ", max_seqlen);
+  // cu_seqlens' values are checked by btlib.varlen_attention on the host (check_cu_seqlens); here only
+  // what keeps the kernel in bounds is read back: one small copy.
+  const at::Tensor cu = cu_seqlens.contiguous();
+  const at::Tensor host = cu.cpu();
+  const int32_t* c = host.data_ptr<int32_t>();
+  const int64_t B = cu.numel() - 1;
+  TORCH_CHECK(c[0] == 0 && c[B] == q.size(0), "btlib CUDA varlen attention: cu_seqlens must run from 0 to the number of tokens (",
+              q.size(0), "); got ", c[0], " ... ", c[B]);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(c[b + 1] >= c[b] && c[b + 1] - c[b] <= max_seqlen, "btlib CUDA varlen attention: sequence ", b, " has length ",
+                c[b + 1] - c[b], "; lengths must be in [0, max_seqlen=", max_seqlen, "]");
+  Params p;
+  p.B = static_cast<int>(B), p.H = static_cast<int>(q.size(1));
+  p.Tq = p.Tk = static_cast<int>(max_seqlen);
+  p.cu_seqlens = cu.data_ptr<int32_t>();
+  p.causal = causal;
+  p.scale_log2e = static_cast<float>(scale * 1.4426950408889634);
+  return run(p, q, k, v, true);
+}
+
+std::string build_info() {
+  return "Br=" + std::to_string(btlib_cuda::kBr) + " Bc=" + std::to_string(btlib_cuda::kBc) +
+         " max_head_dim=" + std::to_string(btlib_cuda::kMaxHeadDim);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(btlib_cuda, m) {
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor", &attention_fwd);
+  m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale) -> Tensor", &varlen_fwd);
+  m.def("build_info() -> str", &build_info);
+}

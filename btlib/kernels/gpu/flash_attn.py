@@ -1,0 +1,234 @@
+"""FlashAttention forward in Triton: padded batches (key padding, causal) and packed varlen tokens.
+
+One kernel, two layouts (the ``VARLEN`` constexpr picks one at compile time):
+
+    padded  q: (B, H, T, D), k, v: (B, H, S, D), lengths (B,) optional -> (B, H, T, D)
+    varlen  q, k, v: (total, H, D), cu_seqlens (B + 1,) int32, max_seqlen -> (total, H, D)
+
+Program (pid_bh, pid_m) owns BLOCK_M query rows of one (batch, head): it loads Q once, streams
+K and V through in BLOCK_N-row tiles, and keeps the running max m, the running sum l and the
+output accumulator in registers, so the T x S score matrix never reaches HBM (FlashAttention,
+Dao et al. 2022, Algorithm 1; the layout follows the Triton fused-attention tutorial).
+HBM traffic: Q, O once, K and V once per query block: (2 + 2 * T / BLOCK_M) * T * D elements
+per (b, h) instead of the naive kernel's extra 2-3 T * S score reads and writes.
+
+Precision: tl.dot accumulates in fp32 for every input dtype; P is rounded to the input dtype
+before P V (as FlashAttention does) for fp16/bf16. fp32 inputs use ``input_precision="ieee"``
+(no TF32), so fp32 results meet the fp32 tolerance on a GPU as in the interpreter.
+
+Off a GPU, :func:`flash_attention` on CPU tensors runs the same kernel in Triton's interpreter
+(numpy, one program at a time: slow, for tiny checks). There, bf16 operands are widened to fp32
+before tl.dot: Triton 3.9's interpreter multiplies the raw bf16 bit patterns otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd"]
+
+MAX_HEAD_DIM = 128  # BLOCK_D = next power of two >= D; larger heads overflow a T4's shared memory
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def attn_fwd(
+    Q, K, V, O, Lengths, CuSeqlens,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    H, Tq, Tk, D, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    # Which rows belong to sequence b: Lq real queries, Lk real keys, rows_out rows to write.
+    if VARLEN:
+        row0 = tl.load(CuSeqlens + b).to(tl.int64)  # sequence b starts at token cu_seqlens[b]
+        Lq = (tl.load(CuSeqlens + b + 1) - tl.load(CuSeqlens + b)).to(tl.int32)
+        Lk = Lq
+        rows_out = Lq
+    else:
+        row0 = 0
+        rows_out = Tq
+        if HAS_LENGTHS:
+            Lq = tl.load(Lengths + b).to(tl.int32)
+            Lk = Lq
+        else:
+            Lq = Tq
+            Lk = Tk
+    start_m = pid_m * BLOCK_M
+    if start_m < rows_out:  # varlen: programs past a short sequence's end have no rows
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+        q = tl.load(q_base + (row0 + offs_m)[:, None] * stride_qt + offs_d[None, :],
+                    mask=(offs_m < Lq)[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D), stays in registers
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of S (log2 units)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running row sum of exp2(S - m)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running P V, rescaled as m grows
+
+        hi = Lk
+        if CAUSAL:
+            hi = tl.minimum(hi, start_m + BLOCK_M)  # key tiles past the block's last query are all masked
+        hi = tl.where(start_m < Lq, hi, 0)  # padded query rows: no keys to read, output 0
+        for start_n in range(0, hi, BLOCK_N):
+            cols = start_n + offs_n
+            kv_ok = (cols < Lk)[:, None] & d_ok[None, :]
+            k = tl.load(k_base + (row0 + cols)[:, None] * stride_kt + offs_d[None, :], mask=kv_ok, other=0.0)
+            # S = Q K^T, scaled by scale * log2(e) so the softmax can use exp2
+            if DOT_FP32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PRECISION)
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            s = s * qk_scale
+            allowed = (cols < Lk)[None, :]
+            if CAUSAL:
+                allowed = allowed & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no allowed key so far keeps m = -inf; subtracting 0 instead of -inf
+            # keeps exp2 at 0 (not NaN) for it, so fully masked rows end with l = 0 and O = 0.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])  # P = exp(S - m_new): (BLOCK_M, BLOCK_N)
+            alpha = tl.exp2(m_i - m_safe)  # rescale l and O to the new max
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = tl.load(v_base + (row0 + cols)[:, None] * stride_vt + offs_d[None, :], mask=kv_ok, other=0.0)
+            # O += P V
+            if DOT_FP32:
+                acc += tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+            m_i = m_new
+
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # O = diag(l)^-1 O; rows with l = 0 stay 0
+        out = tl.where((offs_m < Lq)[:, None], out, 0.0)  # padded query rows t >= L output 0
+        o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        tl.store(o_base + (row0 + offs_m)[:, None] * stride_ot + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=(offs_m < rows_out)[:, None] & d_ok[None, :])
+
+
+# Shared memory (SRAM) per streaming multiprocessor that one program may use, by compute capability.
+SHARED_LIMIT = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+
+def block_config(head_dim: int, dtype: torch.dtype, capability: int) -> dict:
+    """Tile sizes and launch settings for one head_dim, dtype and GPU (capability 75 = T4, 80 = A100, 90 = H100).
+
+    The K and V tiles (BLOCK_N x BLOCK_D, num_stages copies each) and Q (BLOCK_M x BLOCK_D) live
+    in shared memory. A T4 has 64 KiB per block and no asynchronous copies (num_stages=1 there);
+    tests/test_gpu_kernels.py compiles them for sm_75, sm_80 and sm_90 and checks they fit (SHARED_LIMIT).
+    """
+    BLOCK_D = max(16, triton.next_power_of_2(head_dim))
+    if dtype == torch.float32:  # 4-byte elements, and ieee fp32 dots run on FMA units: small tiles
+        BLOCK_M, BLOCK_N, stages = 64, 32, (1 if capability < 80 else 2)
+    elif capability < 80:  # T4: 64 KiB of shared memory, no cp.async (one stage), no tensor cores in Triton 3.9
+        BLOCK_M, BLOCK_N, stages = 64, (64 if BLOCK_D <= 64 else 32), 1
+    else:  # A100 (163 KiB), H100 (227 KiB): double-buffered K/V tiles
+        BLOCK_M, BLOCK_N, stages = 128, (64 if BLOCK_D <= 64 or capability >= 90 else 32), 2
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D <= 64 else 8, num_stages=stages)
+
+
+def _capability(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 80  # the interpreter ignores warps and stages; only the tile sizes matter there
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def interpreted() -> bool:
+    """True when this process runs Triton kernels in the interpreter (TRITON_INTERPRET=1 before triton's import).
+
+    Triton 3.9 reads TRITON_INTERPRET when ``@triton.jit`` runs, for triton.language's own helpers
+    (tl.zeros, tl.max, ...) as much as for this file's kernel, so the choice is per process: set
+    it before the first ``import triton``. Then kernels take CPU tensors (numpy underneath).
+    """
+    return not isinstance(attn_fwd, triton.runtime.JITFunction)
+
+
+def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks):
+    D = q.shape[-1]
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"btlib Triton attention: head_dim {D} > {MAX_HEAD_DIM}; use btlib.attention(backend='auto')")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"btlib Triton attention: supports float16, bfloat16, float32; got {q.dtype}")
+    interpret = interpreted()
+    if q.device.type != "cuda" and not interpret:
+        raise RuntimeError(
+            f"btlib Triton attention: inputs are on {q.device.type}; compiled Triton kernels need CUDA tensors. "
+            "To run the kernel on the CPU in Triton's interpreter, set TRITON_INTERPRET=1 before triton is first "
+            "imported (os.environ['TRITON_INTERPRET'] = '1' at the top of the script or notebook)."
+        )
+    cfg = block_config(D, q.dtype, _capability(q.device))
+    cfg.update(blocks or {})
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dummy = torch.empty(1, dtype=torch.int32, device=q.device)
+    grid = (B * H, triton.cdiv(max(grid_m, 1), cfg["BLOCK_M"]))
+    if B * H == 0 or q.numel() == 0:
+        return o
+    attn_fwd[grid](
+        q, k, v, o, lengths if lengths is not None else dummy, cu_seqlens if cu_seqlens is not None else dummy,
+        *strides, H, Tq, Tk, D, scale * LOG2E,
+        VARLEN=cu_seqlens is not None, HAS_LENGTHS=lengths is not None, CAUSAL=bool(causal),
+        DOT_FP32=interpret and q.dtype == torch.bfloat16,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **cfg,
+    )
+    return o
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
+                    scale: float | None = None, blocks: dict | None = None) -> Tensor:
+    """Fused attention on a padded batch. CUDA tensors run compiled; CPU tensors run interpreted.
+
+    Args:
+        q: (B, H, T, D); k, v: (B, H, S, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
+        lengths: (B,) int, real tokens per sequence (keys j >= L ignored, rows t >= L output 0).
+        causal: query i attends keys j <= i.  scale: defaults to 1 / sqrt(D).
+        blocks: overrides of :func:`block_config` (e.g. ``{"BLOCK_M": 16, "BLOCK_N": 16}``).
+
+    Returns:
+        (B, H, T, D) in q's dtype.
+    """
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, T, D) contiguous
+    L = None if lengths is None else lengths.to(device=q.device, dtype=torch.int32)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+    return _launch(q, k, v, o, L, None, strides, B, H, Tq, Tk, Tq, causal, scale, blocks)
+
+
+def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
+                           scale: float | None = None, blocks: dict | None = None) -> Tensor:
+    """Fused attention on packed tokens: sequence b is rows cu_seqlens[b]:cu_seqlens[b+1]; no work on padding.
+
+    Args:
+        q, k, v: (total, H, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
+        cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
+        max_seqlen: the longest sequence (sets the grid: B * H * ceil(max_seqlen / BLOCK_M) programs).
+
+    Returns:
+        (total, H, D) in q's dtype.
+    """
+    total, H, D = q.shape
+    B = cu_seqlens.numel() - 1
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (total, H, D) contiguous
+    # Batch stride 0: sequence b's rows are found through cu_seqlens[b], not b * stride.
+    strides = (0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0), 0, o.stride(1), o.stride(0))
+    return _launch(q, k, v, o, None, cu_seqlens, strides, B, H, max_seqlen, max_seqlen, max_seqlen, causal, scale, blocks)
+

@@ -1,0 +1,108 @@
+"""Typed wrappers of btlib's GPU kernels (Triton: flash_attn.py; CUDA C++: flash_attn.cu), and their registry entries.
+
+    triton_attention(q, k, v, *, lengths=None, causal=False, scale=None)           (B, H, T, D)
+    triton_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None)   (total, H, D)
+    cuda_attention / cuda_varlen_attention: the same signatures, the CUDA C++ kernel
+
+All take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; sums in fp32; output
+in the input dtype. Nothing here imports triton or touches the GPU until a kernel is called:
+``available()`` only looks (is triton installed? is this a CUDA torch with a GPU?).
+
+Registered below btlib's PyTorch kernels (priority < 0): none of this has run on a GPU yet (see
+README, Caveats), so ``backend="auto"`` keeps PyTorch's kernels on CUDA tensors; name a kernel
+(``backend="triton_flash"``) to use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+
+import torch
+from torch import Tensor
+
+from ..registry import Kernel, register
+from . import build
+
+__all__ = ["triton_attention", "triton_varlen_attention", "cuda_attention", "cuda_varlen_attention",
+           "triton_available", "cuda_available", "MAX_HEAD_DIM", "DTYPES"]
+
+MAX_HEAD_DIM = 128  # both kernels: flash_attn.py MAX_HEAD_DIM, flash_attn.h kMaxHeadDim
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _gpu_reason() -> str | None:
+    if torch.version.cuda is None:
+        return f"needs a CUDA GPU and a CUDA build of torch (this is {torch.__version__})"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch.cuda.is_available() is False)"
+    return None
+
+
+def triton_available() -> str | None:
+    """None if the Triton kernels can run here, else why not. Cheap: imports nothing."""
+    if not _triton_installed():
+        return "needs triton: pip install 'btlib[gpu]' (or pip install triton)"
+    return _gpu_reason()
+
+
+def cuda_available() -> str | None:
+    """None if the CUDA C++ kernel can be built (or is built) here, else why not. Never compiles."""
+    return build.available()
+
+
+def _scale(q: Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
+                     scale: float | None = None) -> Tensor:
+    """Triton FlashAttention forward on a padded batch. q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int."""
+    from .flash_attn import flash_attention
+
+    return flash_attention(q, k, v, lengths=lengths, causal=causal, scale=scale)
+
+
+def triton_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
+                            scale: float | None = None) -> Tensor:
+    """Triton FlashAttention forward on packed tokens. q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
+    from .flash_attn import flash_varlen_attention
+
+    return flash_varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale)
+
+
+def cuda_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
+                   scale: float | None = None) -> Tensor:
+    """CUDA C++ kernel on a padded batch (builds on first call). q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int."""
+    build.load()
+    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale))
+
+
+def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
+                          scale: float | None = None) -> Tensor:
+    """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
+    build.load()
+    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
+
+
+_triton = dict(backend="triton", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-5,
+               available=triton_available)
+_cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-20,
+             available=cuda_available)
+
+register(Kernel("triton_flash", "padded", triton_attention,
+                description="Triton FlashAttention forward: online softmax, key padding by lengths, causal; tensor cores on sm_80+",
+                **_triton))
+register(Kernel("triton_flash_varlen", "varlen", triton_varlen_attention,
+                description="Triton FlashAttention forward on packed tokens + cu_seqlens: no work on padding", **_triton))
+register(Kernel("cuda_flash", "padded", cuda_attention,
+                description="CUDA C++ FlashAttention forward: one thread per query row, K/V tiles in shared memory (FMA, no tensor cores)",
+                **_cuda))
+register(Kernel("cuda_flash_varlen", "varlen", cuda_varlen_attention,
+                description="CUDA C++ FlashAttention forward on packed tokens + cu_seqlens", **_cuda))
