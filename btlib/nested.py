@@ -13,12 +13,30 @@ path (torch._nested_tensor_from_mask) are another layout; btlib does not create 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
 from .padding import Packed, check_cu_seqlens, pack
 
 __all__ = ["packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded"]
+
+
+@contextlib.contextmanager
+def quiet_jagged() -> Iterator[None]:
+    """Silence the "is_fx_tracing will return true ..." log line that torch 2.13 prints (with a
+    timestamp, on stderr) whenever jagged tensors are built or used; it concerns fx tracing, not us."""
+    logger = logging.getLogger("torch.fx._symbolic_trace")
+    only_errors = logging.Filter()
+    only_errors.filter = lambda record: record.levelno >= logging.ERROR  # type: ignore[method-assign]
+    logger.addFilter(only_errors)
+    try:
+        yield
+    finally:
+        logger.removeFilter(only_errors)
 
 
 def _check_jagged(nt: Tensor) -> None:
@@ -32,7 +50,8 @@ def _check_jagged(nt: Tensor) -> None:
 def packed_to_nested(tokens: Tensor, cu_seqlens: Tensor) -> Tensor:
     """(total, ...) tokens + (B + 1,) int32 cu_seqlens -> jagged nested tensor (B, j, ...). Shares storage."""
     check_cu_seqlens(cu_seqlens, total=tokens.shape[0])
-    return torch.nested.nested_tensor_from_jagged(tokens, offsets=cu_seqlens.long())
+    with quiet_jagged():
+        return torch.nested.nested_tensor_from_jagged(tokens, offsets=cu_seqlens.long())
 
 
 def nested_to_packed(nt: Tensor) -> Packed:
@@ -54,4 +73,5 @@ def nested_to_padded(nt: Tensor, T: int | None = None, fill: float = 0.0) -> Ten
     tokens, cu_seqlens, max_seqlen = nested_to_packed(nt)
     # Always pass the size: without it, to_padded_tensor may pad to a cached bound, not the longest sequence.
     T = max_seqlen if T is None else T
-    return torch.nested.to_padded_tensor(nt, fill, output_size=(nt.size(0), T, *tokens.shape[1:]))
+    with quiet_jagged():
+        return torch.nested.to_padded_tensor(nt, fill, output_size=(nt.size(0), T, *tokens.shape[1:]))

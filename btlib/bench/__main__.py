@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 
 from . import load_all, load_rows, run, table
@@ -17,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--quick", action="store_true", help="small sizes (as CI runs them)")
     r.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     r.add_argument("--json", default=None, help="write the rows to this JSON-lines file")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter, e.g. --set B=32 --set T=256 --set x_vals=[0.5,0.75] (Python literals)")
     s = sub.add_parser("summary", help="print a table of saved rows")
     s.add_argument("paths", nargs="*", default=["build/bench"], help="JSON-lines files or directories")
     args = parser.parse_args(argv)
@@ -31,8 +34,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown benchmark {args.name!r}; try: {', '.join(sorted(benches))}", file=sys.stderr)
             return 2
         bench = benches[args.name]
-        rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json,
-                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+        try:
+            params = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.set)}
+        except (ValueError, SyntaxError) as e:
+            print(f"--set takes KEY=VALUE with a Python literal value: {e}", file=sys.stderr)
+            return 2
+        x_vals = params.pop("x_vals", None)
+        rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json, params=params,
+                   x_vals=x_vals, progress=lambda line: print(line, file=sys.stderr, flush=True))
         env = rows[0]["env"] if rows else {}
         print(f"# {env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')}, gpu: {env.get('gpu')}")
         print(table(rows, bench.baseline))

@@ -156,11 +156,11 @@ def _device_of(inputs: dict) -> str:
 
 def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = None, json_path: str | Path | None = None,
         providers: Sequence[str] | None = None, x_vals: Sequence[Any] | None = None, params: dict | None = None,
-        progress: Callable[[str], None] | None = None, **timing: Any) -> list[dict]:
+        progress: Callable[[str], None] | None = None, save: bool = True, **timing: Any) -> list[dict]:
     """Check, then time every provider of ``bench`` at every x; return the rows.
 
     quick: small sizes (defaults to BTLIB_QUICK). threads: torch.set_num_threads for the run.
-    json_path: write the rows there as JSON lines; by default they go to
+    json_path: write the rows there as JSON lines; by default (``save=True``) they go to
     ``$BTLIB_RESULTS_DIR/<name>.jsonl`` when that variable is set. providers / x_vals / params
     narrow or override the declaration. timing: passed to :func:`time_fn`.
     """
@@ -211,7 +211,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                     progress(_progress_line(row))
     finally:
         torch.set_num_threads(old_threads)
-    path = Path(json_path) if json_path else (results_dir() / f"{bench.name}.jsonl" if results_dir() else None)
+    path = Path(json_path) if json_path else (results_dir() / f"{bench.name}.jsonl" if save and results_dir() else None)
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))

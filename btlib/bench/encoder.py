@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..kernels import relative_error
-from ..lengths import encoder_flops, uniform_lengths
+from ..lengths import encoder_flops, uniform_lengths, zipf_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
@@ -83,11 +83,18 @@ def encoder_providers() -> list[Provider]:
     ]
 
 
+def batch_lengths(p: dict) -> torch.Tensor:
+    """The (B,) lengths of one benchmark point: uniform at p["padding"], or Zipf (padding is then what it is)."""
+    if p.get("distribution", "uniform") == "zipf":
+        return zipf_lengths(p["B"], p["T"], seed=p.get("seed", 0))
+    return uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0), full_row=p["B"] > 1)
+
+
 def encoder_inputs(p: dict) -> dict:
     cfg = p["config"]
     enc, dense = cached_encoder(cfg)
     B, T = p["B"], p["T"]
-    lengths = uniform_lengths(B, T, p["padding"], seed=p.get("seed", 0), full_row=B > 1)
+    lengths = batch_lengths(p)
     g = torch.Generator().manual_seed(p.get("seed", 0))
     src = torch.randn(B, T, cfg.d_model, generator=g)
     ideal_T = max(1, round(int(lengths.sum()) / B))

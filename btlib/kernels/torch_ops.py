@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..nested import packed_to_nested
+from ..nested import packed_to_nested, quiet_jagged
 from ..reference import allowed_mask, reference_attention, reference_varlen_attention
 from .registry import Kernel, register
 
@@ -58,8 +58,9 @@ def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None
 
 def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
     qn, kn, vn = (packed_to_nested(x, cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
-    out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
-    return out.transpose(1, 2).values()
+    with quiet_jagged():
+        out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
+        return out.transpose(1, 2).values()
 
 
 register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,

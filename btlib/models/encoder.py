@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-__all__ = ["EncoderConfig", "BERT_BASE", "XLMR_BASE", "XLMR_LARGE", "TINY", "build_encoder", "dense_twin"]
+__all__ = ["EncoderConfig", "BERT_BASE", "XLMR_BASE", "XLMR_LARGE", "MINILM_L6", "TINY", "build_encoder", "dense_twin"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class EncoderConfig:
 BERT_BASE = EncoderConfig(12, 768, 12, 3072, "gelu", layer_norm_eps=1e-12)
 XLMR_BASE = EncoderConfig(12, 768, 12, 3072, "gelu")
 XLMR_LARGE = EncoderConfig(24, 1024, 16, 4096, "gelu")
+MINILM_L6 = EncoderConfig(6, 384, 12, 1536, "gelu", layer_norm_eps=1e-12)  # all-MiniLM-L6-v2's shape
 TINY = EncoderConfig(2, 64, 4, 128, "gelu")
 
 

@@ -1,0 +1,120 @@
+"""An interactive padding explorer: move widgets, re-measure, watch speedup against padding.
+
+Every point is one run of the registered ``encoder_padding`` benchmark (checked against
+PyTorch's slow path before it is timed) with the chosen batch size, padded length, length
+distribution and providers. Speedups are over PyTorch's dense fastpath, the "no sparsity"
+baseline, and the plot draws them against the padding fraction p together with the ideal
+1 / (1 - p): what skipping every padded token would give if cost were all linear layers.
+
+    explorer = PaddingExplorer(MINILM_L6)
+    explorer.run_point(padding=0.5, B=8, T=128)     # what the widgets call; returns the rows
+    explorer.widget()                               # sliders + progress bar + plot (Jupyter)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .bench import core
+from .bench.encoder import batch_lengths
+from .bench.report import speedups
+from .lengths import padding_stats
+from .models import EncoderConfig
+
+__all__ = ["PaddingExplorer"]
+
+BASELINE = "fastpath"
+CHOICES = ("slow", "fastpath_nested", "btlib_packed", "btlib_packed_bf16", "ideal")
+
+
+@dataclass
+class PaddingExplorer:
+    """Runs small encoder benchmarks on demand and keeps the points measured per setting."""
+
+    config: EncoderConfig
+    timing: dict = field(default_factory=lambda: {"warmup": 1, "min_runs": 3, "max_runs": 5, "min_time_s": 0.0})
+    history: dict = field(default_factory=dict)  # (B, T, distribution) -> {padding: {provider: speedup}}
+    last: str = ""
+
+    def run_point(self, padding: float, B: int, T: int, distribution: str = "uniform",
+                  providers: Sequence[str] = ("fastpath_nested", "btlib_packed", "ideal"),
+                  progress: Callable[[str], None] | None = None) -> list[dict]:
+        """Measure one batch; returns the benchmark rows (dense fastpath first, then ``providers``)."""
+        bench = core.BENCHMARKS["encoder_padding"]  # declared on import of btlib.bench.encoder, above
+        params = {"config": self.config, "B": B, "T": T, "distribution": distribution}
+        lengths = batch_lengths({**params, "padding": padding})
+        p_real = round(padding_stats(lengths, T).padding_fraction, 3)
+        rows = core.run(bench, quick=False, params=params, x_vals=[padding], providers=[BASELINE, *providers],
+                        progress=progress, save=False, **self.timing)
+        sp = speedups(rows, BASELINE)
+        point = {r["provider"]: sp[(r["benchmark"], r["provider"], r["x"])] for r in rows
+                 if (r["benchmark"], r["provider"], r["x"]) in sp}
+        self.history.setdefault((B, T, distribution), {})[p_real] = point
+        best = max((k for k in point if k != BASELINE), key=point.get, default=BASELINE)
+        self.last = (f"B={B}, T={T}, {distribution}: {p_real:.0%} padding; best {best} "
+                     f"{point.get(best, 1.0):.2f}x over the dense fastpath (ideal {1 / (1 - p_real):.2f}x)")
+        return rows
+
+    def plot(self, B: int, T: int, distribution: str = "uniform", ax=None):
+        """Speedup over the dense fastpath against padding, for every point measured at this setting."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6.4, 4))
+        points = sorted(self.history.get((B, T, distribution), {}).items())
+        for prov in dict.fromkeys(k for _, pt in points for k in pt if k != BASELINE):
+            xs = [p for p, pt in points if prov in pt]
+            ax.plot(xs, [pt[prov] for p, pt in points if prov in pt], marker="o", label=prov)
+        grid = [i / 100 for i in range(0, 91)]
+        ax.plot(grid, [1 / (1 - p) for p in grid], "k--", lw=1, label="ideal 1/(1-p)")
+        ax.axhline(1, color="0.5", lw=0.8)
+        ax.set_xlim(0, 0.92)
+        ax.set_ylim(0, max([4.0] + [v for _, pt in points for v in pt.values()]) * 1.1)
+        ax.set_xlabel("padding fraction p")
+        ax.set_ylabel("speedup over PyTorch's dense fastpath")
+        c = self.config
+        ax.set_title(f"encoder {c.num_layers}x(d {c.d_model}, ff {c.dim_feedforward}), B={B}, T={T}, {distribution}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        return ax
+
+    def widget(self, padding: float = 0.5, B: int = 8, T: int = 128):
+        """ipywidgets UI: sliders for padding, batch size and length, distribution, providers; reruns on change."""
+        import ipywidgets as w
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        style = {"description_width": "110px"}
+        pad = w.FloatSlider(value=padding, min=0.0, max=0.85, step=0.05, description="padding", continuous_update=False, style=style)
+        batch = w.IntSlider(value=B, min=2, max=64, description="batch size", continuous_update=False, style=style)
+        length = w.SelectionSlider(options=[32, 64, 128, 256, 512], value=T, description="max length", continuous_update=False, style=style)
+        dist = w.ToggleButtons(options=["uniform", "zipf"], description="lengths", style=style)
+        provs = w.SelectMultiple(options=CHOICES, value=("fastpath_nested", "btlib_packed", "ideal"), rows=5,
+                                 description="providers", style=style)
+        bar = w.IntProgress(min=0, max=1, description="measuring", style=style)
+        status = w.Label()
+        out = w.Output()
+
+        def rerun(_=None):
+            bar.max, bar.value = len(provs.value) + 1, 0
+            pad.disabled = dist.value == "zipf"  # Zipf lengths bring their own padding
+
+            def step(line: str) -> None:
+                bar.value += 1
+                status.value = line
+
+            self.run_point(pad.value, batch.value, length.value, dist.value, provs.value, progress=step)
+            status.value = self.last
+            with out:
+                out.clear_output(wait=True)
+                fig, ax = plt.subplots(figsize=(6.4, 4))
+                self.plot(batch.value, length.value, dist.value, ax=ax)
+                plt.show()
+
+        for control in (pad, batch, length, dist, provs):
+            control.observe(rerun, names="value")
+        ui = w.VBox([w.HBox([w.VBox([pad, batch, length]), w.VBox([dist, provs])]), w.HBox([bar, status]), out])
+        display(ui)
+        rerun()
+        return ui
