@@ -56,9 +56,8 @@ SDPA_OPS: dict[tuple[str, str], dict[str, str]] = {
                         "MATH": "aten::_scaled_dot_product_attention_math"},
 }
 _ALL_OPS = {op for table in SDPA_OPS.values() for op in table.values()}
-_ENABLED = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled, "MATH": torch.backends.cuda.math_sdp_enabled,
-            "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
-            "CUDNN_ATTENTION": torch.backends.cuda.cudnn_sdp_enabled}
+# backend -> the switch in torch.backends.cuda (global, CPU included): {flag}_sdp_enabled / enable_{flag}_sdp
+_SWITCH = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "mem_efficient", "CUDNN_ATTENTION": "cudnn", "MATH": "math"}
 _CAN_USE = {"FLASH_ATTENTION": "can_use_flash_attention", "EFFICIENT_ATTENTION": "can_use_efficient_attention",
             "CUDNN_ATTENTION": "can_use_cudnn_attention"}
 
@@ -163,10 +162,10 @@ def _forced(backend: str) -> contextlib.AbstractContextManager:
 
 
 def _disabled(backend: str) -> list[str]:
-    if _ENABLED[backend]():
+    flag = _SWITCH[backend]
+    if getattr(torch.backends.cuda, f"{flag}_sdp_enabled")():
         return []
-    return [f"disabled in the current context (torch.nn.attention.sdpa_kernel or torch.backends.cuda.enable_"
-            f"{ {'FLASH_ATTENTION': 'flash', 'MATH': 'math', 'EFFICIENT_ATTENTION': 'mem_efficient', 'CUDNN_ATTENTION': 'cudnn'}[backend]}_sdp)"]
+    return [f"disabled in the current context (torch.nn.attention.sdpa_kernel or torch.backends.cuda.enable_{flag}_sdp)"]
 
 
 def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
