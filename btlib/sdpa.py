@@ -203,7 +203,8 @@ def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: 
     from torch.nested._internal import sdpa as nsdpa  # what F.scaled_dot_product_attention calls for jagged inputs
 
     params = SDPAParams(q, k, v, mask, dropout_p, is_causal, gqa)
-    jagged_gate = {"FLASH_ATTENTION": nsdpa._can_use_flash_sdpa_jagged, "EFFICIENT_ATTENTION": nsdpa._can_use_efficient_sdpa_jagged}
+    jagged_gate = {"FLASH_ATTENTION": nsdpa._can_use_flash_sdpa_jagged,
+                   "EFFICIENT_ATTENTION": nsdpa._can_use_efficient_sdpa_jagged}
     reasons = {}
     for b in BACKENDS:
         if b == "MATH":

@@ -16,7 +16,8 @@ from btlib.kernels import relative_error
 from btlib.models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from btlib.sdpa import BACKENDS, explain_sdpa, run_forced, sdpa_ops
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
+                                               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 B, H, T, D = 2, 4, 16, 32
 
 
