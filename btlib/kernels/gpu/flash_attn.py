@@ -16,9 +16,11 @@ Precision: tl.dot accumulates in fp32 for every input dtype; P is rounded to the
 before P V (as FlashAttention does) for fp16/bf16. fp32 inputs use ``input_precision="ieee"``
 (no TF32), so fp32 results meet the fp32 tolerance on a GPU as in the interpreter.
 
-Off a GPU, :func:`flash_attention` on CPU tensors runs the same kernel in Triton's interpreter
-(numpy, one program at a time: slow, for tiny checks). There, bf16 operands are widened to fp32
-before tl.dot: Triton 3.9's interpreter multiplies the raw bf16 bit patterns otherwise.
+Off a GPU, with TRITON_INTERPRET=1 set before triton is imported, :func:`flash_attention` runs
+the same kernel on CPU tensors in Triton's interpreter (numpy, one program at a time: slow, for
+tiny checks). Two interpreter bugs in Triton 3.9 touch bf16: tl.dot multiplies raw bf16 bit
+patterns, and fp32 -> bf16 casts truncate. So there (only) bf16 dots run in fp32 and the output is
+rounded by torch: the interpreter checks the algorithm, the GPU run checks the bf16 arithmetic.
 """
 
 from __future__ import annotations
@@ -181,14 +183,21 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
     grid = (B * H, triton.cdiv(max(grid_m, 1), cfg["BLOCK_M"]))
     if B * H == 0 or q.numel() == 0:
         return o
+    # Interpreter workarounds for bf16 (Triton 3.9): its tl.dot multiplies raw bf16 bit patterns
+    # and its fp32 -> bf16 cast truncates instead of rounding to nearest even as a GPU does. So
+    # there the dots run in fp32 and the kernel writes fp32, which torch rounds (RNE) below.
+    bf16_fix = interpret and q.dtype == torch.bfloat16
+    out = torch.empty(o.shape, dtype=torch.float32, device=o.device) if bf16_fix else o  # same (contiguous) strides
     attn_fwd[grid](
-        q, k, v, o, lengths if lengths is not None else dummy, cu_seqlens if cu_seqlens is not None else dummy,
+        q, k, v, out, lengths if lengths is not None else dummy, cu_seqlens if cu_seqlens is not None else dummy,
         *strides, H, Tq, Tk, D, scale * LOG2E,
         VARLEN=cu_seqlens is not None, HAS_LENGTHS=lengths is not None, CAUSAL=bool(causal),
-        DOT_FP32=interpret and q.dtype == torch.bfloat16,
+        DOT_FP32=bf16_fix,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **cfg,
     )
+    if bf16_fix:
+        o.copy_(out)
     return o
 
 
