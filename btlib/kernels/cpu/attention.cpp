@@ -18,7 +18,10 @@
  *
  * Masks: key padding by `lengths` (keys j >= L ignored, query rows t >= L output 0) and causal
  * (key j <= query i, top-left aligned). A query row with no key to attend outputs 0.
- * Inputs: float32 (all versions) or bfloat16 (v3, varlen: converted to fp32 while packing).
+ * Inputs: float32 (all versions) or bfloat16 (v3, varlen). With AVX512_BF16, bf16 runs both
+ * products on vdpbf16ps (two bf16 products summed into fp32 per lane: twice the multiply-adds per
+ * instruction of fp32 FMA); P is rounded to bf16 for P V, as PyTorch's bf16 kernels do. Without
+ * it, bf16 is converted to fp32 while packing and runs at fp32 speed.
  */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -180,6 +184,9 @@ struct Workspace {
   std::vector<float> S;        // scores, then P, of one tile: [Br][Bc]
   std::vector<float> O;        // unnormalised output of the query block: [Br][Dp]
   float m[Br], l[Br], alpha[Br];
+  // bf16 dot-product path: K^T [ceil(Lk / Bc)][D2 / 2][Bc][2], V [ceil(Lk / Bc) * Bc / 2][Dp][2],
+  // Q [Br][D2 / 2] pairs, P [Br][Bc]: pairs along the summed dimension, as vdpbf16ps reads them.
+  std::vector<uint16_t> kt2, vp2, q2, p2;
 };
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -271,7 +278,7 @@ inline void pv_rows(const float* P, int64_t nk, const float* v, int64_t Dp, cons
 // masked) and returns alpha = 2^(m_old - m_new), the factor that rescales what O holds.
 inline float online_softmax_row(float* S, int64_t nk, int64_t valid, float& m, float& l) {
   if (valid <= 0) {
-    std::fill_n(S, nk, 0.0f);
+    std::fill_n(S, round_up(nk, W), 0.0f);  // whole vectors: the bf16 path reads P in pairs
     return 1.0f;
   }
   vf mx = vset1(kNegInf);
@@ -330,6 +337,131 @@ void flash_block(const Problem& p, const scalar_t* q, const scalar_t* k, const s
   }
 }
 
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+
+inline uint16_t bits(at::BFloat16 x) { return x.x; }
+
+void pack_kv_bf16(const Problem& p, const at::BFloat16* k, const at::BFloat16* v, int64_t b, int64_t h, int64_t Dp, Workspace& ws) {
+  const int64_t D = p.D, Dh = (D + 1) / 2, Lk = p.len_k(b), Tp = round_up(Lk, Bc);
+  ws.kt2.assign(Tp * Dh * 2, 0);
+  ws.vp2.assign(Tp * Dp, 0);
+  for (int64_t j = 0; j < Lk; ++j) {
+    const at::BFloat16* kj = p.at(k, p.ks, b, h, j);
+    const at::BFloat16* vj = p.at(v, p.vs, b, h, j);
+    uint16_t* kt = ws.kt2.data() + ((j / Bc) * Dh * Bc + j % Bc) * 2;
+    for (int64_t d = 0; d < D; ++d) kt[(d / 2) * Bc * 2 + d % 2] = bits(kj[d]);
+    uint16_t* vp = ws.vp2.data() + (j / 2) * Dp * 2 + j % 2;
+    for (int64_t d = 0; d < D; ++d) vp[d * 2] = bits(vj[d]);
+  }
+  ws.packed = b * p.H + h;
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// S[R][kNV * W] = c * Q[R][D] K^T: per pair of d, one 32-bit broadcast of two Q values and
+// kNV loads of 16 keys x 2 d; vdpbf16ps adds both products to the fp32 accumulator.
+template <int R>
+inline void qk_tile_bf16(const uint32_t* q2, int64_t Dh, const uint16_t* kt2, float c, float* S) {
+  vf acc[R][kNV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < kNV; ++n) acc[r][n] = vzero();
+  for (int64_t d2 = 0; d2 < Dh; ++d2) {
+    __m512bh kv[kNV];
+    for (int n = 0; n < kNV; ++n) kv[n] = as_bh(_mm512_loadu_si512(kt2 + (d2 * Bc + n * W) * 2));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qv = as_bh(_mm512_set1_epi32(int(q2[r * Dh + d2])));
+      for (int n = 0; n < kNV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], qv, kv[n]);
+    }
+  }
+  const vf cv = vset1(c);  // scale * log2(e), applied in fp32 (Q stays exactly the input bf16)
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < kNV; ++n) vstore(S + r * Bc + n * W, vmul(acc[r][n], cv));
+}
+
+// O[R][NV * W] = diag(alpha) O + P V over pairs of keys (P rounded to bf16, V packed in pairs).
+template <int R, int NV>
+inline void pv_tile_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, int64_t Dp, const float* alpha, float* O) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    const vf a = vset1(alpha[r]);
+    for (int n = 0; n < NV; ++n) acc[r][n] = vmul(vload(O + r * Dp + n * W), a);
+  }
+  for (int64_t j2 = 0; j2 < (nk + 1) / 2; ++j2) {  // an odd last key pairs with P = 0
+    __m512bh vv[NV];
+    for (int n = 0; n < NV; ++n) vv[n] = as_bh(_mm512_loadu_si512(vp2 + (j2 * Dp + n * W) * 2));
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, P2 + r * Bc + 2 * j2, 4);
+      const __m512bh pv = as_bh(_mm512_set1_epi32(int(pair)));
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], pv, vv[n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) vstore(O + r * Dp + n * W, acc[r][n]);
+}
+
+template <int R>
+inline void pv_rows_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, int64_t Dp, const float* alpha, float* O) {
+  int64_t c = 0;
+  for (; c + kNV * W <= Dp; c += kNV * W) pv_tile_bf16<R, kNV>(P2, nk, vp2 + 2 * c, Dp, alpha, O + c);
+  switch ((Dp - c) / W) {
+    case 1: pv_tile_bf16<R, 1>(P2, nk, vp2 + 2 * c, Dp, alpha, O + c); break;
+    case 2: pv_tile_bf16<R, 2>(P2, nk, vp2 + 2 * c, Dp, alpha, O + c); break;
+    case 3: pv_tile_bf16<R, 3>(P2, nk, vp2 + 2 * c, Dp, alpha, O + c); break;
+    default: break;
+  }
+}
+
+// flash_block for bf16 inputs on vdpbf16ps: the same algorithm, pairs instead of floats.
+void flash_block_bf16(const Problem& p, const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, at::BFloat16* o,
+                      int64_t b, int64_t h, int64_t q0, Workspace& ws) {
+  const int64_t D = p.D, Dh = (D + 1) / 2, Dp = round_up(D, W), Lk = p.len_k(b);
+  const int64_t nq = std::min(Br, p.len_q(b) - q0);
+  if (ws.packed != b * p.H + h) pack_kv_bf16(p, k, v, b, h, Dp, ws);
+  ws.q2.assign(Br * Dh * 2, 0);
+  for (int64_t i = 0; i < nq; ++i) {
+    const at::BFloat16* qi = p.at(q, p.qs, b, h, q0 + i);
+    for (int64_t d = 0; d < D; ++d) ws.q2[i * Dh * 2 + d] = bits(qi[d]);
+  }
+  const uint32_t* q2 = reinterpret_cast<const uint32_t*>(ws.q2.data());
+  ws.p2.resize(Br * Bc);
+  std::fill_n(ws.O.data(), nq * Dp, 0.0f);
+  std::fill_n(ws.m, nq, kNegInf);
+  std::fill_n(ws.l, nq, 0.0f);
+  const float c = p.scale * kLog2e;
+  const int64_t kv_end = p.causal ? std::min(Lk, q0 + nq) : Lk;
+  for (int64_t j0 = 0; j0 < kv_end; j0 += Bc) {
+    const int64_t nk = std::min(Bc, kv_end - j0);
+    const uint16_t* kt2 = ws.kt2.data() + j0 * Dh * 2;
+    for (int64_t i0 = 0; i0 < nq; i0 += kR) {  // S = Q K^T * scale * log2(e)
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) {
+        for (int64_t n = 0; n < nk; n += kNV * W) qk_tile_bf16<R()>(q2 + i0 * Dh, Dh, kt2 + n * 2, c, ws.S.data() + i0 * Bc + n);
+      });
+    }
+    for (int64_t i = 0; i < nq; ++i) {  // online softmax in fp32, then P rounded to bf16 for P V
+      const int64_t valid = p.causal ? std::min(nk, q0 + i + 1 - j0) : nk;
+      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, valid, ws.m[i], ws.l[i]);
+      for (int64_t n = 0; n < nk; n += W)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ws.p2.data() + i * Bc + n),
+                            (__m256i)_mm512_cvtneps_pbh(vload(ws.S.data() + i * Bc + n)));
+    }
+    for (int64_t i0 = 0; i0 < nq; i0 += kR) {  // O = diag(alpha) O + P V
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) {
+        pv_rows_bf16<R()>(ws.p2.data() + i0 * Bc, nk, ws.vp2.data() + j0 * Dp, Dp, ws.alpha + i0, ws.O.data() + i0 * Dp);
+      });
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    const float inv_l = ws.l[i] > 0.0f ? 1.0f / ws.l[i] : 0.0f;
+    at::BFloat16* oi = p.at(o, p.os, b, h, q0 + i);
+    for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<at::BFloat16>(ws.O[i * Dp + d] * inv_l);
+  }
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
 template <typename scalar_t>
 void attention_v3(const Problem& p, const scalar_t* q, const scalar_t* k, const scalar_t* v, scalar_t* o) {
   struct Task { int64_t b, h, q0; };
@@ -350,7 +482,15 @@ void attention_v3(const Problem& p, const scalar_t* q, const scalar_t* k, const 
     ws.S.resize(Br * Bc);
     ws.O.resize(Br * Dp);
 #pragma omp for schedule(dynamic, chunk) nowait
-    for (size_t t = 0; t < tasks.size(); ++t) flash_block(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws);
+    for (size_t t = 0; t < tasks.size(); ++t) {
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        flash_block_bf16(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws);
+        continue;
+      }
+#endif
+      flash_block(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws);
+    }
 #pragma omp for collapse(2) nowait
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < p.H; ++h) zero_rows(p, o, b, h, p.len_q(b), p.rows_out(b));
@@ -454,7 +594,7 @@ at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 std::string build_info() {
-  return std::string(kIsa) + " W=" + std::to_string(W) + " kR=" + std::to_string(kR) + " kNV=" + std::to_string(kNV) +
+  return std::string(kIsa) + (kBf16Dot ? "+bf16dot" : "") + " W=" + std::to_string(W) + " kR=" + std::to_string(kR) + " kNV=" + std::to_string(kNV) +
          " Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc) + " max_head_dim=" + std::to_string(kMaxD);
 }
 

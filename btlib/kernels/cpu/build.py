@@ -2,16 +2,17 @@
 
     load() -> str        compile (once, ~30 s) or load the cached library; returns its build info
     available() -> None | str   cheap: None if a C++ compiler is on PATH, else why not (never compiles)
-    isa() -> str         "avx512", "avx2" or "portable": the build this CPU gets
+    isa() -> str         "avx512bf16", "avx512", "avx2" or "portable": the build this CPU gets
 
 The source is attention.cpp (+ vec.h) next to this file. One library per instruction set, named
 ``btlib_cpu_attention_<isa>``, cached in ``$TORCH_EXTENSIONS_DIR/<name>/`` (the Makefile points
 it at build/torch_extensions; torch's default is ~/.cache/torch_extensions). A second load,
 in this process or a new one, finds the library built and takes milliseconds.
 
-AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl; gcc 12's
+AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl (plus
+-mavx512bf16 where it lists avx512_bf16: bf16 then runs on vdpbf16ps); gcc 12's
 ``-march=native`` treats Zen 5 as znver3 and prefers 256-bit code, so the flags name x86-64-v4
-and 512-bit vectors explicitly (FACTS.md). ``BTLIB_CPU_ISA=avx512|avx2|portable`` overrides the
+and 512-bit vectors explicitly (FACTS.md). ``BTLIB_CPU_ISA=avx512bf16|avx512|avx2|portable`` overrides the
 choice (one per process: the library registers torch.ops.btlib_cpu).
 """
 
@@ -34,6 +35,7 @@ SOURCE = HERE / "attention.cpp"
 HEADER = HERE / "vec.h"
 
 _FLAGS = {
+    "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512"],
     "avx512": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
     "avx2": ["-march=x86-64-v3"],
     "portable": [],
@@ -61,7 +63,7 @@ def isa() -> str:
         return "portable"
     flags = _cpu_flags()
     if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags:
-        return "avx512"
+        return "avx512bf16" if "avx512_bf16" in flags else "avx512"
     if {"avx2", "fma"} <= flags:
         return "avx2"
     return "portable"

@@ -9,8 +9,9 @@ calls ``torch.ops.btlib_cpu.<op>``. Shapes:
     varlen_attention_v3(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None)
         q, k, v: (total, H, D); cu_seqlens: (B + 1,) int32 -> (total, H, D)
 
-Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen (bf16 is converted to fp32 while
-K, V and Q are packed, all sums are fp32, the output is rounded to bf16 once).
+Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen. bf16 sums in fp32: on a CPU with
+AVX512_BF16 both products run on vdpbf16ps (P is rounded to bf16 for P V, as PyTorch does);
+elsewhere bf16 is converted to fp32 while packing. The output is rounded to bf16 once.
 """
 
 from __future__ import annotations
