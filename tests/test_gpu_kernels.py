@@ -260,6 +260,21 @@ def test_registry_import_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("name", ["gpu_attention", "gpu_attention_varlen"])
+def test_gpu_benchmarks_declared_and_skip_without_gpu(name, tmp_path):
+    from btlib import bench
+
+    b = bench.load_all()[name]
+    names = {p.name for p in b.providers()}
+    assert {"triton_flash", "naive" if name == "gpu_attention" else "naive_masked"} <= names
+    if name == "gpu_attention":
+        assert {"sdpa_flash", "sdpa_efficient", "sdpa_math", "cuda_flash"} <= names
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the notebook runs the benchmark")
+    rows = bench.run(b, quick=True, json_path=tmp_path / "rows.jsonl")
+    assert rows and all(r["status"] == "skipped" and r["reason"].startswith("needs a CUDA GPU") for r in rows)
+
+
 # ------------------------------------------------------------------------------------------------
 # On a GPU: the real thing, through the public API.
 # ------------------------------------------------------------------------------------------------
