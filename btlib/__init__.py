@@ -7,6 +7,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
     btlib.varlen_attention(q, k, v, cu_seqlens, max_seqlen)   packed tokens, no padding work
     btlib.pack / unpack / lengths_to_cu_seqlens ...      the packed-token format
     btlib.PackedEncoder.from_module(encoder)             an nn.TransformerEncoder on packed tokens
+    btlib.load_pretrained(folder).encode(texts)          BERT-family checkpoints, padding-free
     btlib.explain_fastpath(module, src, mask)            why PyTorch's fastpath does (not) run
     python -m btlib.bench list | run NAME                benchmarks
 """
@@ -16,6 +17,7 @@ from .fastpath import FastpathReport, explain_fastpath, ops_that_ran
 from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
 from .packed_encoder import PackedEncoder
+from .pretrained import load_pretrained, to_hf_state_dict
 from .nested import nested_to_packed, nested_to_padded, packed_to_nested, padded_to_nested
 from .padding import (
     Packed,
@@ -32,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
-    "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder",
+    "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder", "load_pretrained", "to_hf_state_dict",
     "explain_sdpa", "SDPAReport", "run_forced", "ForcedRun", "sdpa_ops",
     "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",
     "lengths_to_padding_mask", "padding_mask_to_lengths",

