@@ -96,3 +96,7 @@ def test_peak_memory_sees_the_score_matrix():
     fused = bench.peak_memory(lambda: F.scaled_dot_product_attention(q, q, q))
     assert naive >= 2 * scores  # scores and probabilities live at once
     assert fused < scores  # the fused kernel never holds T x T
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # the math backend allocates and frees its scores inside one operator
+        assert bench.peak_memory(lambda: F.scaled_dot_product_attention(q, q, q)) >= scores

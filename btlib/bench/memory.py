@@ -1,10 +1,11 @@
 """Peak tensor memory of one call: CUDA's allocator statistics on a GPU, the profiler on a CPU.
 
 On CPU there is no resettable allocator counter, so :func:`peak_memory` runs the call under
-torch.profiler with profile_memory=True and replays what it recorded in time order: each
-operator's own allocations (self_cpu_memory_usage) and each free ("[memory]" events, negative).
-The running sum's maximum is the peak of tensor bytes allocated *during* the call, above what
-was already held before it (inputs are not counted).
+torch.profiler with profile_memory=True, which records every allocation and free as a signed,
+time-stamped "[memory]" event, and replays them in time order. The running sum's maximum is
+the peak of tensor bytes allocated *during* the call, above what was already held before it
+(inputs are not counted). Per-operator totals would miss temporaries allocated and freed
+inside one composite operator (SDPA's math backend holds its scores that way).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
 
     with quiet_profile(profile_memory=True) as prof:
         fn()
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     current = peak = 0
-    for e in events:
-        current += e.self_cpu_memory_usage
+    for _, nbytes in events:
+        current += nbytes
         peak = max(peak, current)
     return peak

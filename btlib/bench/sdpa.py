@@ -12,7 +12,7 @@
 - ``encoder_compile``: torch.compile of an eval encoder against eager. Compilation happens in
   make_inputs (untimed); its wall time is kept in :data:`COMPILE_SECONDS`.
 
-:func:`peak_bytes` measures the peak tensor memory of one call on CPU or CUDA.
+:func:`btlib.bench.peak_memory` measures the peak tensor memory of one call on CPU or CUDA.
 Every input is built on ``params["device"]`` ("cpu" by default; pass "cuda" on a GPU).
 """
 
@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .._profiler import quiet_profile
 from ..kernels import relative_error
 from ..lengths import uniform_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, build_encoder, dense_twin
@@ -36,32 +35,7 @@ from ..padding import lengths_to_padding_mask, pack
 from ..reference import reference_attention
 from .core import Benchmark, Provider, declare
 
-__all__ = ["peak_bytes", "COMPILE_SECONDS", "naive_attention"]
-
-
-def peak_bytes(fn: Callable[[], Any], device: str = "cpu") -> int:
-    """Peak bytes of tensors allocated while ``fn()`` runs, above what was allocated before it.
-
-    CUDA: the caching allocator's peak (torch.cuda.max_memory_allocated). CPU: torch.profiler with
-    profile_memory=True records every allocation and free ("[memory]" events, signed bytes, time
-    stamped); their running sum in time order peaks at the answer. Per-operator totals would
-    miss temporaries freed inside one composite op (the math backend's scores, for one).
-    """
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    with quiet_profile(profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
-    return peak
+__all__ = ["COMPILE_SECONDS", "naive_attention"]
 
 
 def naive_attention(q, k, v, mask=None):
