@@ -116,31 +116,31 @@ def test_auto_picks_the_cpp_kernels_on_cpu():
 q4 = torch.randn(2, 2, 5, 8)
 x3 = torch.randn(6, 2, 8)
 cu_ok = torch.tensor([0, 2, 6], dtype=torch.int32)
+cu_bad = torch.tensor([0, 4, 2, 6], dtype=torch.int32)
+ops = torch.ops.btlib_cpu  # resolved at call time, after the library is loaded
 
 
 @pytest.mark.parametrize("call, err, match", [
     # through the public entry points (btlib/checks.py, the registry)
-    (lambda: btlib.attention(q4.double(), q4.double(), q4.double(), backend="cpu_flash_v3"), ValueError, "supports float32, bfloat16"),
+    (lambda: btlib.attention(*(q4.double(),) * 3, backend="cpu_flash_v3"), ValueError, "supports float32, bfloat16"),
     (lambda: btlib.attention(q4.half(), q4.half(), q4.half(), backend="cpu_naive_v1"), ValueError, "supports float32"),
-    (lambda: btlib.attention(q4.to("meta"), q4.to("meta"), q4.to("meta"), backend="cpu_flash_v3"), ValueError, "runs on cpu"),
+    (lambda: btlib.attention(*(q4.to("meta"),) * 3, backend="cpu_flash_v3"), ValueError, "runs on cpu"),
     (lambda: btlib.attention(*torch.randn(3, 1, 1, 4, 300), backend="cpu_flash_v3"), ValueError, "head_dim 300 > 256"),
     (lambda: btlib.attention(q4[0], q4[0], q4[0], backend="cpu_flash_v3"), ValueError, r"\(B, H, T, D\)"),
     (lambda: btlib.attention(*(q4.transpose(2, 3),) * 3, backend="cpu_flash_v3"), ValueError, "contiguous"),
-    (lambda: btlib.attention(q4, q4, q4, lengths=torch.tensor([5, 6]), backend="cpu_flash_v3"), ValueError, "<= the padded length"),
-    (lambda: btlib.varlen_attention(x3, x3, x3, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 4, backend="cpu_flash_varlen"),
-     ValueError, "non-decreasing"),
+    (lambda: btlib.attention(q4, q4, q4, lengths=torch.tensor([5, 6]), backend="cpu_flash_v3"), ValueError, "<= the padded"),
+    (lambda: btlib.varlen_attention(x3, x3, x3, cu_bad, 4, backend="cpu_flash_varlen"), ValueError, "non-decreasing"),
     # straight into the C++ ops: the binding's own checks
-    (lambda: torch.ops.btlib_cpu.attention_v3(q4.double(), q4.double(), q4.double(), None, False, 1.0), RuntimeError, "dtype must be float32"),
-    (lambda: torch.ops.btlib_cpu.attention_v1(q4.bfloat16(), q4.bfloat16(), q4.bfloat16(), None, False, 1.0), RuntimeError, "dtype must be float32;"),
-    (lambda: torch.ops.btlib_cpu.attention_v3(q4[0], q4[0], q4[0], None, False, 1.0), RuntimeError, r"expected \(B, H, T, D\)"),
-    (lambda: torch.ops.btlib_cpu.attention_v3(*(q4.transpose(2, 3),) * 3, None, False, 1.0), RuntimeError, "head_dim must be contiguous"),
-    (lambda: torch.ops.btlib_cpu.attention_v2(*torch.randn(3, 1, 1, 4, 300), None, False, 1.0), RuntimeError, r"head_dim must be in \[1, 256\]"),
-    (lambda: torch.ops.btlib_cpu.attention_v3(q4, q4, q4, torch.tensor([5, 6]), False, 1.0), RuntimeError, r"lengths must lie in \[0, 5\]"),
-    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 4, False, 1.0),
-     RuntimeError, "non-decreasing"),
-    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok, 3, False, 1.0), RuntimeError, "length 4 > max_seqlen 3"),
-    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok.long(), 4, False, 1.0), RuntimeError, "int32"),
-    (lambda: torch.ops.btlib_cpu.varlen_v3(x3, x3, x3, cu_ok[:2], 4, False, 1.0), RuntimeError, "must equal the number of tokens"),
+    (lambda: ops.attention_v3(*(q4.double(),) * 3, None, False, 1.0), RuntimeError, "dtype must be float32"),
+    (lambda: ops.attention_v1(*(q4.bfloat16(),) * 3, None, False, 1.0), RuntimeError, "dtype must be float32;"),
+    (lambda: ops.attention_v3(q4[0], q4[0], q4[0], None, False, 1.0), RuntimeError, r"expected \(B, H, T, D\)"),
+    (lambda: ops.attention_v3(*(q4.transpose(2, 3),) * 3, None, False, 1.0), RuntimeError, "head_dim must be contiguous"),
+    (lambda: ops.attention_v2(*torch.randn(3, 1, 1, 4, 300), None, False, 1.0), RuntimeError, r"head_dim must be in \[1, 256\]"),
+    (lambda: ops.attention_v3(q4, q4, q4, torch.tensor([5, 6]), False, 1.0), RuntimeError, r"lengths must lie in \[0, 5\]"),
+    (lambda: ops.varlen_v3(x3, x3, x3, cu_bad, 4, False, 1.0), RuntimeError, "non-decreasing"),
+    (lambda: ops.varlen_v3(x3, x3, x3, cu_ok, 3, False, 1.0), RuntimeError, "length 4 > max_seqlen 3"),
+    (lambda: ops.varlen_v3(x3, x3, x3, cu_ok.long(), 4, False, 1.0), RuntimeError, "int32"),
+    (lambda: ops.varlen_v3(x3, x3, x3, cu_ok[:2], 4, False, 1.0), RuntimeError, "must equal the number of tokens"),
 ])
 def test_bad_inputs_raise(call, err, match):
     with pytest.raises(err, match=match):
