@@ -108,8 +108,10 @@ def real_token_error(out: torch.Tensor, ref: torch.Tensor, x: dict) -> float:
 
 
 def _encoder_flops(p: dict) -> float:
+    """Useful FLOPs: the real tokens' work only, so GFLOP/s says how much of the machine does useful work
+    (a dense path's rate falls as padding grows; a padding-free path's does not)."""
     cfg = p["config"]
-    return encoder_flops(torch.full((p["B"],), p["T"]), cfg.d_model, cfg.dim_feedforward, cfg.num_layers)
+    return encoder_flops(batch_lengths(p), cfg.d_model, cfg.dim_feedforward, cfg.num_layers)
 
 
 declare(Benchmark(
