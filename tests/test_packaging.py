@@ -6,6 +6,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,3 +64,55 @@ def test_import_is_light():
         "assert not torch.cuda.is_initialized()"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_repository_url_is_named_once():
+    """pyproject's [project.urls] Repository is the only place the repository's address is written by hand."""
+    from btlib.workbook import repository_url
+
+    url = repository_url()
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url)
+    for path in ("README.md", "btlib/workbook.py", "btlib/device.py", ".ci/run", "Makefile"):
+        text = (ROOT / path).read_text()
+        assert text.count(url) == 0, f"{path} writes {url} by hand: derive it from pyproject.toml"
+
+
+@pytest.mark.parametrize("notebook", sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb")))
+def test_notebook_has_colab_badge_and_setup_cell_from_the_url(notebook):
+    """Badge first, setup cell after the title, both exactly what `python -m btlib.workbook colab` generates."""
+    import nbformat
+
+    from btlib.workbook import colab_cells
+
+    badge, setup = colab_cells(notebook)
+    cells = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4).cells
+    fix = f"run: python -m btlib.workbook colab notebooks/{notebook}.ipynb"
+    assert cells[0].get("id") == "colab-badge" and cells[0].source == badge, fix
+    setup_cells = [c for c in cells if c.get("id") == "colab-setup"]
+    assert len(setup_cells) == 1 and setup_cells[0].source == setup, fix
+    assert cells.index(setup_cells[0]) == next(i for i, c in enumerate(cells) if c.cell_type == "code"), \
+        "the setup cell must be the first code cell"
+    assert "NBVAL_CHECK_OUTPUT" not in setup, "its output (the device) differs between machines"
+
+
+def test_readme_opens_every_notebook_in_colab():
+    from btlib.workbook import colab_url
+
+    readme = (ROOT / "README.md").read_text()
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        assert f"]({colab_url(path.stem)})" in readme, f"README's notebook map lacks the Colab badge of {path.name}"
+
+
+def test_colab_installs_the_makefiles_extras():
+    from btlib.workbook import COLAB_EXTRAS
+
+    makefile = (ROOT / "Makefile").read_text()
+    for pkgs in COLAB_EXTRAS.values():
+        for pkg in pkgs:
+            assert f"--no-deps {pkg}" in makefile, f"{pkg}: Colab's setup cell and the Makefile install different versions"
+
+
+def test_ci_installs_chromium_without_failing_where_apt_cannot():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get install" in ci and "chromium" in ci and "|| echo" in ci
+    assert "playwright install" not in ci
