@@ -26,6 +26,7 @@ __all__ = ["PaddingExplorer"]
 
 BASELINE = "fastpath"
 CHOICES = ("slow", "fastpath_nested", "btlib_packed", "btlib_packed_bf16", "ideal")
+LABELS = {"ideal": "ideal (dense, real tokens only)"}  # so the legend tells the measured ideal from 1/(1-p)
 
 
 @dataclass
@@ -65,7 +66,7 @@ class PaddingExplorer:
         points = sorted(self.history.get((B, T, distribution), {}).items())
         for prov in dict.fromkeys(k for _, pt in points for k in pt if k != BASELINE):
             xs = [p for p, pt in points if prov in pt]
-            ax.plot(xs, [pt[prov] for p, pt in points if prov in pt], marker="o", label=prov)
+            ax.plot(xs, [pt[prov] for p, pt in points if prov in pt], marker="o", label=LABELS.get(prov, prov))
         grid = [i / 100 for i in range(0, 91)]
         ax.plot(grid, [1 / (1 - p) for p in grid], "k--", lw=1, label="ideal 1/(1-p)")
         ax.axhline(1, color="0.5", lw=0.8)
@@ -86,10 +87,14 @@ class PaddingExplorer:
         from IPython.display import display
 
         style = {"description_width": "110px"}
-        pad = w.FloatSlider(value=padding, min=0.0, max=0.85, step=0.05, description="padding", continuous_update=False, style=style)
-        batch = w.IntSlider(value=B, min=2, max=64, description="batch size", continuous_update=False, style=style)
-        length = w.SelectionSlider(options=[32, 64, 128, 256, 512], value=T, description="max length", continuous_update=False, style=style)
-        dist = w.ToggleButtons(options=["uniform", "zipf"], description="lengths", style=style)
+        wide = w.Layout(width="400px")  # the default 300px leaves the track under 100px beside a 110px description
+        pad = w.FloatSlider(value=padding, min=0.0, max=0.85, step=0.05, description="padding", continuous_update=False,
+                            style=style, layout=wide)
+        batch = w.IntSlider(value=B, min=2, max=64, description="batch size", continuous_update=False, style=style, layout=wide)
+        length = w.SelectionSlider(options=[32, 64, 128, 256, 512], value=T, description="max length", continuous_update=False,
+                                   style=style, layout=wide)
+        dist = w.ToggleButtons(options=["uniform", "zipf"], description="lengths", style={**style, "button_width": "80px"})
+        dist.add_class("widget-inline-hbox")  # ipywidgets 8 puts a ToggleButtons' description above the buttons otherwise
         provs = w.SelectMultiple(options=CHOICES, value=("fastpath_nested", "btlib_packed", "ideal"), rows=5,
                                  description="providers", style=style)
         bar = w.IntProgress(min=0, max=1, description="measuring", style=style)
