@@ -103,8 +103,8 @@ def repository_url() -> str:
 
 def colab_url(notebook: str, repo: str | None = None) -> str:
     """Colab's address for ``notebooks/<notebook>.ipynb`` on the repository's main branch."""
-    repo = repo or repository_url()
-    return f"https://colab.research.google.com/github/{repo.removeprefix('https://github.com/')}/blob/main/notebooks/{notebook}.ipynb"
+    owner_repo = (repo or repository_url()).removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/main/notebooks/{notebook}.ipynb"
 
 
 def colab_cells(notebook: str, repo: str | None = None) -> tuple[str, str]:
@@ -145,7 +145,7 @@ def update_readme_badges(readme: Path = ROOT / "README.md") -> bool:
     """Point every Colab link in the README at the current repository; returns True if the file changed."""
     text = readme.read_text()
     new = re.sub(r"https://colab\.research\.google\.com/github/[\w.-]+/[\w.-]+/blob/main/notebooks/",
-                 colab_url("").removesuffix(".ipynb"), text)
+                 colab_url("").removesuffix(".ipynb"), text)  # the address of notebooks/ itself
     if new != text:
         readme.write_text(new)
     return new != text
