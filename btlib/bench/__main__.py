@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--quick", action="store_true", help="small sizes (as CI runs them)")
     r.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     r.add_argument("--json", default=None, help="write the rows to this JSON-lines file")
+    r.add_argument("--providers", default=None, help="comma-separated subset of the providers, e.g. fastpath,btlib_packed")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter, e.g. --set B=32 --set T=256 --set x_vals=[0.5,0.75] (Python literals)")
     s = sub.add_parser("summary", help="print a table of saved rows")
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         x_vals = params.pop("x_vals", None)
         rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json, params=params,
-                   x_vals=x_vals, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                   x_vals=x_vals, providers=args.providers.split(",") if args.providers else None, progress=lambda line: print(line, file=sys.stderr, flush=True))
         env = rows[0]["env"] if rows else {}
         print(f"# {env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')}, gpu: {env.get('gpu')}")
         print(table(rows, bench.baseline))
