@@ -57,7 +57,8 @@ def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None
 
 
 def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
-    qn, kn, vn = (packed_to_nested(x, cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
+    # A jagged tensor's values must be contiguous; q, k, v may be strided views of one QKV projection.
+    qn, kn, vn = (packed_to_nested(x.contiguous(), cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
     with quiet_jagged():
         out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
         return out.transpose(1, 2).values()
