@@ -7,6 +7,12 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _no_saved_rows(monkeypatch):
+    """Unit tests run benchmarks too; only the notebooks' rows belong in `make test`'s summary."""
+    monkeypatch.delenv("BTLIB_RESULTS_DIR", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
