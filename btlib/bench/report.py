@@ -48,10 +48,10 @@ def table(rows: Sequence[dict], baseline: str | None = None) -> str:
 
 
 def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | None = None, ax=None,
-         title: str | None = None, logy: bool = False, ideal: dict | None = None):
+         title: str | None = None, logy: bool = False, ideal: dict | None = None, ideal_label: str = "ideal"):
     """Plot one benchmark's rows: x axis against ``metric`` (or speedup over ``baseline``) per provider.
 
-    ideal: optional {x: value} drawn as a dashed line (e.g. 1 / (1 - p) for padding sparsity).
+    ideal: optional {x: value} drawn as a dashed line labelled ``ideal_label`` (e.g. 1 / (1 - p)).
     Returns the matplotlib Axes.
     """
     import matplotlib.pyplot as plt
@@ -67,7 +67,7 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", label=prov)
     if ideal:
-        ax.plot(list(ideal), list(ideal.values()), "k--", label="ideal")
+        ax.plot(list(ideal), list(ideal.values()), "k--", label=ideal_label)
     if ok:
         ax.set_xlabel(ok[0]["x_name"])
     ax.set_ylabel(f"speedup over {baseline}" if baseline else {"median_ms": "median time (ms)", "gflops": "GFLOP/s"}.get(metric, metric))
