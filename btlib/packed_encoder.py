@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import varlen_attention
-from .padding import check_lengths, lengths_to_cu_seqlens, padding_mask_to_lengths
+from .padding import pack, padding_mask_to_lengths, unpack
 
 __all__ = ["PackedEncoder"]
 
@@ -81,19 +81,13 @@ class PackedEncoder(nn.Module):
         (as PyTorch's nested path returns)."""
         if src.dim() != 3:
             raise ValueError(f"src must be (B, T, d_model); got {tuple(src.shape)}")
-        B, T, d = src.shape
+        B, T = src.shape[:2]
         if lengths is None:
             lengths = padding_mask_to_lengths(src_key_padding_mask) if src_key_padding_mask is not None else \
                 torch.full((B,), T, dtype=torch.int64)
-        check_lengths(lengths, T=T, B=B)
-        lengths = lengths.to(src.device)
-        valid = torch.arange(T, device=src.device).view(1, T) < lengths.view(B, 1)  # (B, T)
-        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
-        dtype = self.layers[0].linear1.weight.dtype
-        out = self.forward_packed(src[valid].to(dtype), cu_seqlens, max_seqlen)  # (total, d): pack once
-        padded = src.new_zeros(B, T, d)
-        padded[valid] = out.to(src.dtype)  # unpack once
-        return padded
+        tokens, cu_seqlens, max_seqlen = pack(src, lengths)  # pack once: (total, d)
+        out = self.forward_packed(tokens.to(self.layers[0].linear1.weight.dtype), cu_seqlens, max_seqlen)
+        return unpack(out.to(src.dtype), cu_seqlens, T)  # unpack once, zeros at padding
 
     def forward_packed(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         """x: (total, d) packed tokens; cu_seqlens: (B + 1,) int32 -> (total, d)."""

@@ -31,6 +31,7 @@ from ..lengths import encoder_flops, uniform_lengths, zipf_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
+from ..fastpath import run_slow
 from ..packed_encoder import PackedEncoder
 from ..paths import data_file
 from .core import Benchmark, Provider, declare
@@ -50,17 +51,6 @@ def cached_packed(cfg: EncoderConfig, dtype: torch.dtype = torch.float32, seed: 
     """btlib.PackedEncoder on :func:`cached_encoder`'s weights (shared in fp32, converted copy otherwise)."""
     enc, _ = cached_encoder(cfg, seed)
     return PackedEncoder.from_module(enc, dtype=None if dtype == torch.float32 else dtype)
-
-
-def run_slow(fn, *args, **kwargs):
-    """Call fn with PyTorch's MHA/encoder fastpath disabled, restoring the previous setting."""
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.inference_mode():
-            return fn(*args, **kwargs)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(before)
 
 
 def _fast(fn, *args, **kwargs):

@@ -41,8 +41,9 @@ def _max_length(folder: Path, spec: CheckpointSpec) -> int:
     limit = spec.max_positions - spec.position_offset
     for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
         f = folder / name
-        if f.is_file() and isinstance(json.loads(f.read_text()).get(key), int):
-            return min(json.loads(f.read_text())[key], limit)
+        value = json.loads(f.read_text()).get(key) if f.is_file() else None
+        if isinstance(value, int):
+            return min(value, limit)
     return limit
 
 

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..bench.encoder import run_slow
+from ..fastpath import run_slow
 from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
+from ..padding import lengths_to_cu_seqlens
 from .checkpoint import CheckpointSpec
 
 __all__ = ["PretrainedEncoder", "PATHS", "Pooling"]
@@ -99,12 +100,11 @@ class PretrainedEncoder(nn.Module):
 
     def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype) -> Tensor:
         lengths = torch.tensor([len(s) for s in ids])
-        cu_seqlens = torch.zeros(len(ids) + 1, dtype=torch.int32)
-        cu_seqlens[1:] = torch.cumsum(lengths, 0)
+        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
         flat = torch.tensor([t for s in ids for t in s])  # (total,) packed straight from the tokenizer
         seq = torch.repeat_interleave(torch.arange(len(ids)), lengths)  # (total,) which sequence each token is in
         positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[seq]
-        h = self.packed_encoder(dtype).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, int(lengths.max()))
+        h = self.packed_encoder(dtype).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, max_seqlen)
         h = h.float()  # (total, d)
         if self.pooling.mode == "cls":
             return h[cu_seqlens[:-1].long()]
