@@ -2,6 +2,7 @@
 
 - ``attention_dense``: (B, H, T, D) without padding, time against T. FLOPs 4 B H T^2 D
   (QK^T and PV); bytes 16 B H T D (read q, k, v, write o in fp32): what a fused kernel must move.
+  :func:`dense_qkv`, :func:`attn_flops` and :func:`attn_bytes` serve the other attention benchmarks too.
 - ``attention_varlen``: one batch at a chosen padding fraction, padded kernels (which compute
   the padding) against varlen kernels on the packed tokens. Useful FLOPs 4 H D sum(L_i^2).
 """
@@ -17,12 +18,14 @@ from ..reference import reference_attention
 from .core import Benchmark, Provider, declare
 
 
-def _attn_flops(p: dict) -> float:
+def attn_flops(p: dict) -> float:
+    """4 B H T^2 D: QK^T and PV, two multiply-adds per score and output element."""
     return 4.0 * p["B"] * p["H"] * p["T"] ** 2 * p["D"]
 
 
-def _attn_bytes(p: dict) -> float:
-    return 16.0 * p["B"] * p["H"] * p["T"] * p["D"]
+def attn_bytes(p: dict) -> float:
+    """Read q, k, v and write o once, in p["dtype"] (fp32 by default): what a fused kernel must move."""
+    return 4.0 * p.get("dtype", torch.float32).itemsize * p["B"] * p["H"] * p["T"] * p["D"]
 
 
 def _qkv(B: int, H: int, T: int, D: int, seed: int) -> list[torch.Tensor]:
@@ -30,8 +33,10 @@ def _qkv(B: int, H: int, T: int, D: int, seed: int) -> list[torch.Tensor]:
     return [torch.randn(B, H, T, D, generator=g) for _ in range(3)]
 
 
-def _dense_inputs(p: dict) -> dict:
-    q, k, v = _qkv(p["B"], p["H"], p["T"], p["D"], p.get("seed", 0))
+def dense_qkv(p: dict) -> dict:
+    """Seeded q, k, v (B, H, T, D), drawn in fp32 on the CPU, then moved to p["device"] in p["dtype"]."""
+    device, dtype = p.get("device", "cpu"), p.get("dtype", torch.float32)
+    q, k, v = (x.to(device, dtype) for x in _qkv(p["B"], p["H"], p["T"], p["D"], p.get("seed", 0)))
     return {"q": q, "k": k, "v": v}
 
 
@@ -52,13 +57,13 @@ declare(Benchmark(
     description="attention on (B, H, T, D) without padding, fp32, every padded kernel",
     x_name="T", x_vals=(128, 256, 512, 1024),
     providers=_dense_providers,
-    make_inputs=_dense_inputs,
+    make_inputs=dense_qkv,
     reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
     error=lambda out, ref, x: relative_error(out, ref),
     tol=1e-5,
     params={"B": 8, "H": 12, "D": 64},
     quick={"B": 2, "H": 2, "D": 32, "x_vals": (32, 97)},
-    flops=_attn_flops, bytes=_attn_bytes, baseline="torch_sdpa",
+    flops=attn_flops, bytes=attn_bytes, baseline="torch_sdpa",
 ))
 
 

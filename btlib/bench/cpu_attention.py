@@ -19,7 +19,7 @@ import torch
 from ..kernels import get, kernels, relative_error
 from ..kernels.registry import LOW_PRECISION_FACTOR
 from ..reference import reference_attention
-from .attention import _attn_bytes, _attn_flops, _dense_inputs
+from .attention import attn_bytes, attn_flops, dense_qkv
 from .core import Benchmark, Provider, declare, run, time_fn
 
 __all__ = ["matmul_peak", "run_rounds"]
@@ -73,18 +73,18 @@ declare(Benchmark(
     description="C++ v1 (materialise), v2 (tiled, two passes), v3 (online softmax, SIMD) vs reference and SDPA, fp32",
     x_name="T", x_vals=(128, 256, 512),
     providers=_version_providers,
-    make_inputs=_dense_inputs,
+    make_inputs=dense_qkv,
     reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
     error=lambda out, ref, x: relative_error(out, ref),
     tol=1e-5,
     params={"B": 2, "H": 4, "D": 64},
     quick={"B": 1, "H": 2, "D": 32, "x_vals": (64, 97)},
-    flops=_attn_flops, bytes=_attn_bytes, baseline="torch_sdpa",
+    flops=attn_flops, bytes=attn_bytes, baseline="torch_sdpa",
 ))
 
 
 def _bf16_inputs(p: dict) -> dict:
-    x = _dense_inputs(p)
+    x = dense_qkv(p)
     return {**x, "bf16": [x[n].bfloat16() for n in ("q", "k", "v")]}
 
 
@@ -111,5 +111,5 @@ declare(Benchmark(
     tol=1.0,
     params={"B": 8, "H": 12, "D": 64},
     quick={"B": 2, "H": 2, "D": 32, "x_vals": (32, 97)},
-    flops=_attn_flops, bytes=lambda p: _attn_bytes(p) / 2, baseline="torch_sdpa",
+    flops=attn_flops, bytes=lambda p: attn_bytes({**p, "dtype": torch.bfloat16}), baseline="torch_sdpa",
 ))

@@ -22,6 +22,7 @@ from ..kernels import get, relative_error
 from ..lengths import uniform_lengths
 from ..padding import pack
 from ..reference import allowed_mask, reference_attention
+from .attention import attn_bytes, attn_flops, dense_qkv
 from .core import Benchmark, Provider, declare
 
 # fp16 output: a few fp16 ulps (2^-10) relative to the output's scale, whatever the summation order.
@@ -82,19 +83,12 @@ def _error(out: torch.Tensor, ref: _LazyReference, x: dict) -> float:
     return relative_error(out.float(), ref.padded if out.dim() == 4 else ref.packed)
 
 
-def _flops(p: dict) -> float:
-    return 4.0 * p["B"] * p["H"] * p["T"] ** 2 * p["D"]
+def _dense_inputs(p: dict) -> dict:
+    return dense_qkv({**p, "device": _device(), "dtype": torch.float16})
 
 
 def _bytes(p: dict) -> float:
-    return 8.0 * p["B"] * p["H"] * p["T"] * p["D"]
-
-
-def _dense_inputs(p: dict) -> dict:
-    g = torch.Generator(device=_device()).manual_seed(p.get("seed", 0))
-    shape = (p["B"], p["H"], p["T"], p["D"])
-    q, k, v = (torch.randn(shape, generator=g, device=_device(), dtype=torch.float16) for _ in range(3))
-    return {"q": q, "k": k, "v": v}
+    return attn_bytes({**p, "dtype": torch.float16})
 
 
 def _dense_providers() -> list[Provider]:
@@ -119,7 +113,7 @@ declare(Benchmark(
     tol=TOL_FP16,
     params={"B": 4, "H": 16, "D": 64},
     quick={"B": 2, "H": 4, "D": 64, "x_vals": (128, 256)},
-    flops=_flops, bytes=_bytes, baseline="sdpa_flash",
+    flops=attn_flops, bytes=_bytes, baseline="sdpa_flash",
 ))
 
 

@@ -33,6 +33,7 @@ from ..models import BERT_BASE, TINY, EncoderConfig, build_encoder, dense_twin
 from ..models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from ..padding import lengths_to_padding_mask, pack
 from ..reference import reference_attention
+from .attention import attn_flops, dense_qkv
 from .core import Benchmark, Provider, declare
 
 __all__ = ["COMPILE_SECONDS", "naive_attention"]
@@ -46,21 +47,11 @@ def naive_attention(q, k, v, mask=None):
     return att.softmax(dim=-1) @ v  # (B, H, T, D)
 
 
-def _qkv(p: dict) -> dict:
-    g = torch.Generator().manual_seed(p.get("seed", 0))
-    q, k, v = (torch.randn(p["B"], p["H"], p["T"], p["D"], generator=g).to(p.get("device", "cpu")) for _ in range(3))
-    return {"q": q, "k": k, "v": v}
-
-
 def _forced(backend: str, **kw) -> Callable[[dict], torch.Tensor]:
     def fn(x: dict) -> torch.Tensor:
         with sdpa_kernel([SDPBackend.__members__[backend]]):
             return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], **kw)
     return fn
-
-
-def _attn_flops(p: dict) -> float:
-    return 4.0 * p["B"] * p["H"] * p["T"] ** 2 * p["D"]
 
 
 _ATTN = dict(params={"B": 4, "H": 8, "D": 64, "device": "cpu"}, quick={"B": 2, "H": 2, "D": 32, "x_vals": (32, 97)})
@@ -76,13 +67,13 @@ declare(Benchmark(
           for b in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")),
         Provider("naive", lambda x: naive_attention(x["q"], x["k"], x["v"]), label="matmul-softmax-matmul"),
     ],
-    make_inputs=_qkv, reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
-    error=_err, tol=1e-5, **_ATTN, flops=_attn_flops, baseline="naive",
+    make_inputs=dense_qkv, reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),
+    error=_err, tol=1e-5, **_ATTN, flops=attn_flops, baseline="naive",
 ))
 
 
 def _causal_inputs(p: dict) -> dict:
-    x = _qkv(p)
+    x = dense_qkv(p)
     T = p["T"]
     keep = torch.ones(T, T, dtype=torch.bool, device=x["q"].device).tril()  # (T, T), True = may attend
     x.update(bool_mask=keep, float_mask=torch.zeros(T, T, device=keep.device).masked_fill(~keep, float("-inf")))
@@ -100,7 +91,7 @@ declare(Benchmark(
         Provider("naive", lambda x: naive_attention(x["q"], x["k"], x["v"], x["bool_mask"])),
     ],
     make_inputs=_causal_inputs, reference=lambda x: reference_attention(x["q"], x["k"], x["v"], causal=True),
-    error=_err, tol=1e-5, **_ATTN, flops=lambda p: _attn_flops(p) / 2, baseline="naive",
+    error=_err, tol=1e-5, **_ATTN, flops=lambda p: attn_flops(p) / 2, baseline="naive",
 ))
 
 
