@@ -5,6 +5,9 @@
 
 ``backend="auto"`` takes the highest-priority registered kernel that accepts the inputs
 (device, dtype, head_dim, causal); a name forces one kernel and explains why it cannot run.
+When autograd will need a backward (grad mode on and q, k or v requires grad) only
+differentiable kernels qualify: "auto" falls back to PyTorch's SDPA, a named compiled kernel
+raises rather than return an output detached from its inputs.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def attention(
         (B, H, T, D) in q's dtype; rows t >= lengths[b] are 0.
     """
     check_padded_inputs(q, k, v, lengths)
-    kernel = registry.select("padded", q, causal, backend)
+    kernel = registry.select("padded", q, causal, backend, needs_grad=registry.needs_grad(q, k, v))
     return kernel.fn(q, k, v, lengths=lengths, causal=causal, scale=scale)
 
 
@@ -67,5 +70,5 @@ def varlen_attention(
         (total, H, D) in q's dtype.
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
-    kernel = registry.select("varlen", q, causal, backend)
+    kernel = registry.select("varlen", q, causal, backend, needs_grad=registry.needs_grad(q, k, v))
     return kernel.fn(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale)

@@ -34,6 +34,9 @@ def _check_common(q: Tensor, k: Tensor, v: Tensor, rank: int, layout: str) -> No
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"head_dim is 0 (q has shape {tuple(q.shape)}): attention needs D >= 1, and its default "
+                         "scale 1/sqrt(D) is undefined; check how the heads were split (d_model // nhead)")
 
 
 def check_padded_inputs(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None) -> None:

@@ -96,9 +96,11 @@ class PaddingStats:
     @property
     def ideal_speedup(self) -> float:
         """Speedup of a padding-free run if cost were all FLOPs (1 / (1 - p) for linear-bound models)."""
+        if self.real_tokens == 0:
+            return float("inf")  # all padding: a padding-free run does no work
         if self.dense_gflops and self.packed_gflops:
             return self.dense_gflops / self.packed_gflops
-        return 1.0 / max(1.0 - self.padding_fraction, 1e-12)
+        return 1.0 / (1.0 - self.padding_fraction)
 
 
 def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1) -> float:
@@ -120,8 +122,14 @@ def padding_stats(
     Example: lengths [2, 4, 3], T=4 -> real 9 of 12 tokens, padding_fraction 0.25,
     attention_waste 1 - (4 + 16 + 9) / 48 = 0.396.
     """
+    check_lengths(lengths)
+    if lengths.numel() == 0:
+        raise ValueError("lengths is empty: a batch of 0 sequences has no padding statistics")
     T = int(lengths.max()) if T is None else T
     check_lengths(lengths, T=T)
+    if T == 0:
+        raise ValueError("every length is 0 and T is 0: a batch with no token slots has no padding fraction; "
+                         "pass T, the padded length (then padding_fraction is 1.0)")
     B = lengths.numel()
     real = int(lengths.sum())
     sq = float((lengths.double() ** 2).sum())

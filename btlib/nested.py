@@ -69,9 +69,15 @@ def padded_to_nested(x: Tensor, lengths: Tensor) -> Tensor:
 
 
 def nested_to_padded(nt: Tensor, T: int | None = None, fill: float = 0.0) -> Tensor:
-    """Jagged nested tensor (B, j, ...) -> (B, T, ...) with ``fill`` at padding. T defaults to the longest."""
+    """Jagged nested tensor (B, j, ...) -> (B, T, ...) with ``fill`` at padding.
+
+    T defaults to the longest sequence; a T shorter than that raises (as :func:`btlib.unpack` does).
+    """
     tokens, cu_seqlens, max_seqlen = nested_to_packed(nt)
     # Always pass the size: without it, to_padded_tensor may pad to a cached bound, not the longest sequence.
     T = max_seqlen if T is None else T
+    if T < max_seqlen:
+        raise ValueError(f"T={T} is shorter than the longest sequence ({max_seqlen}); nested_to_padded does not truncate. "
+                         f"Pass T >= {max_seqlen} (or T=None), or cut the sequences before nesting them")
     with quiet_jagged():
         return torch.nested.to_padded_tensor(nt, fill, output_size=(nt.size(0), T, *tokens.shape[1:]))

@@ -120,9 +120,15 @@ def lengths_to_cu_seqlens(lengths: Tensor) -> tuple[Tensor, int]:
     Example: lengths [2, 4, 3] -> (tensor([0, 2, 6, 9], dtype=int32), 4)
     """
     check_lengths(lengths)
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
-    cu[1:] = torch.cumsum(lengths, dim=0)
-    return cu, int(lengths.max()) if lengths.numel() else 0
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    cu[1:] = torch.cumsum(lengths.long(), dim=0)  # in int64: an int32 cumsum wraps past 2^31 - 1 silently
+    total = int(cu[-1])
+    if total > torch.iinfo(torch.int32).max:
+        raise ValueError(
+            f"the batch has {total} tokens in all, more than int32 cu_seqlens can address (2^31 - 1 = "
+            f"{torch.iinfo(torch.int32).max}); split it into smaller batches"
+        )
+    return cu.to(torch.int32), int(lengths.max()) if lengths.numel() else 0
 
 
 def cu_seqlens_to_lengths(cu_seqlens: Tensor) -> Tensor:

@@ -128,11 +128,29 @@ def reference_attention(
                 f"max {int(lengths.max())}. Pad the batch to the longest sequence first."
             )
 
+    if D == 0:
+        raise ValueError(f"head_dim is 0 (q has shape {tuple(q.shape)}): attention needs D >= 1, and its default "
+                         "scale 1/sqrt(D) is undefined; check how the heads were split (d_model // nhead)")
     if key_padding_mask is not None and key_padding_mask.shape != (B, S):
         raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), True at padding; got {tuple(key_padding_mask.shape)}")
 
     compute = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     qc, kc, vc = (x.to(compute) for x in (q, k, v))
+    # Padding must not matter, whatever it holds: a masked probability is 0, but 0 * NaN (or inf)
+    # in a padded value is NaN, and so is a NaN score under the -inf mask. Padded keys, values
+    # (and, with lengths, padded queries) are replaced by 0 with torch.where, not a multiply.
+    # NaN or inf at real positions still propagates as in PyTorch's math: through the allowed
+    # scores, and through P V also from real values a causal or attn_mask mask hides (0 * NaN).
+    zero = qc.new_zeros(())
+    real_q = None
+    if lengths is not None:
+        real_q = (torch.arange(T, device=q.device) < lengths.to(q.device).view(B, 1)).view(B, 1, T, 1)
+        real_k = (torch.arange(S, device=q.device) < lengths.to(q.device).view(B, 1)).view(B, 1, S, 1)
+        qc = torch.where(real_q, qc, zero)
+        kc, vc = torch.where(real_k, kc, zero), torch.where(real_k, vc, zero)
+    if key_padding_mask is not None:
+        pad_k = key_padding_mask.to(q.device, torch.bool).view(B, 1, S, 1)
+        kc, vc = torch.where(pad_k, zero, kc), torch.where(pad_k, zero, vc)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
 
     scores = torch.matmul(qc, kc.transpose(-2, -1)) * scale  # S = Q K^T: (B, H, T, S)
@@ -154,10 +172,8 @@ def reference_attention(
     weights = p / torch.where(denom > 0, denom, torch.ones_like(denom))
 
     out = torch.matmul(weights, vc)  # O = P V: (B, H, T, D)
-    if lengths is not None:
-        real_q = (torch.arange(T, device=q.device) < lengths.to(q.device).view(B, 1)).view(B, 1, T, 1)
-        out = out * real_q
-        weights = weights * real_q
+    if real_q is not None:
+        out, weights = torch.where(real_q, out, zero), torch.where(real_q, weights, zero)
     return (out, weights) if return_weights else out
 
 

@@ -11,19 +11,27 @@ Every padded kernel follows btlib.reference_attention's conventions (rows t >= l
 are 0; a query row with no key to attend is 0).
 
 Kernel modules register on import; the registry imports them on first use (``_PROVIDERS``),
-which is cheap: compiled kernels build on their first *call*, never at import.
+which is cheap: compiled kernels build on their first *call*, never at import. Loading is
+thread-safe: the first caller imports every provider under a lock while the others wait, and
+the registry counts as loaded only once all imports succeeded (a provider that fails to import
+raises on every call, rather than leaving "auto" to pick among the kernels that did load).
+
+Gradients: only kernels marked ``differentiable`` (PyTorch's own ops, which autograd follows)
+have a backward. When grad mode is on and q, k or v requires grad, "auto" skips the others
+and naming one raises, so no call silently returns an output detached from its inputs.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "register", "get", "kernels", "select", "relative_error"]
+__all__ = ["Kernel", "register", "get", "kernels", "select", "needs_grad", "relative_error"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -45,6 +53,8 @@ class Kernel:
     name: unique, e.g. "cpu_flash_v3"; backend: "torch", "cpp", "triton", "cuda".
     available: returns None when the kernel can run here, else the reason it cannot.
     priority: ``backend="auto"`` picks the available kernel with the highest priority.
+    differentiable: autograd can differentiate ``fn`` (it is built from PyTorch ops); False for
+        compiled kernels, whose output is detached from q, k, v.
     """
 
     name: str
@@ -60,12 +70,15 @@ class Kernel:
     causal: bool = True
     max_head_dim: int | None = None
     available: Callable[[], str | None] = field(default=lambda: None)
+    differentiable: bool = False
 
-    def supports(self, x: Tensor, causal: bool = False) -> str | None:
-        """None if this kernel takes these inputs, else why not."""
+    def supports(self, x: Tensor, causal: bool = False, needs_grad: bool = False) -> str | None:
+        """None if this kernel takes these inputs (and, with ``needs_grad``, can backpropagate), else why not."""
         why = self.available()
         if why:
             return why
+        if needs_grad and not self.differentiable:
+            return "has no backward (inputs require grad)"
         if x.device.type not in self.devices:
             return f"runs on {'/'.join(self.devices)}, inputs are on {x.device.type}"
         if x.dtype not in self.dtypes:
@@ -79,6 +92,7 @@ class Kernel:
 
 _REGISTRY: dict[str, Kernel] = {}
 _loaded = False
+_load_lock = threading.RLock()  # re-entrant: a provider's import may itself ask the registry
 
 
 def register(kernel: Kernel) -> Kernel:
@@ -91,14 +105,29 @@ def register(kernel: Kernel) -> Kernel:
 
 def _load() -> None:
     global _loaded
-    if not _loaded:
-        _loaded = True
+    if _loaded:  # set only after every provider imported: a True read needs no lock
+        return
+    with _load_lock:
+        if _loaded:
+            return
         for mod in _PROVIDERS:
+            before = dict(_REGISTRY)
             try:
                 importlib.import_module(mod)
             except ModuleNotFoundError as e:  # a provider package not written (yet) is not an error
                 if e.name != mod:
-                    raise
+                    _REGISTRY.clear()
+                    _REGISTRY.update(before)
+                    raise ImportError(f"btlib could not load the kernel provider {mod}: {e}. "
+                                      "Install what it names (pip install -e . in the btlib checkout)") from e
+            except Exception as e:
+                # Python drops a failed module from sys.modules, so the next call imports it again:
+                # forget what it registered halfway, or that import would clash with these names.
+                _REGISTRY.clear()
+                _REGISTRY.update(before)
+                raise ImportError(f"btlib could not load the kernel provider {mod}: {type(e).__name__}: {e}. "
+                                  "No attention kernel is selected until it imports; fix the error above") from e
+        _loaded = True
 
 
 def kernels(layout: Layout | None = None, *, backend: str | None = None) -> list[Kernel]:
@@ -117,22 +146,35 @@ def get(name: str) -> Kernel:
         raise KeyError(f"no kernel named {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
-def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto") -> Kernel:
+def needs_grad(*xs: Tensor) -> bool:
+    """True when autograd will need a backward through a call on ``xs``: grad mode on, and one requires grad."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
+def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, needs_grad: bool | None = None) -> Kernel:
     """The kernel ``backend`` names, or for "auto" the best one that takes these inputs.
 
+    ``needs_grad``: the caller will backpropagate through the output; None means "if grad mode
+    is on and ``x`` requires grad" (btlib.attention passes it for q, k and v together).
     Raises ValueError with each kernel's reason when none (or not the named one) can run.
     """
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and x.requires_grad
     if backend != "auto":
         k = get(backend)
         if k.layout != layout:
             raise ValueError(f"kernel {backend!r} is a {k.layout} kernel; use the {k.layout} entry point")
+        if needs_grad and not k.differentiable:
+            fallback = "torch_sdpa" if layout == "padded" else "torch_sdpa_loop"
+            raise ValueError(f"kernel {backend!r} has no backward; call under torch.no_grad()/inference_mode "
+                             f"or use backend={fallback!r}")
         why = k.supports(x, causal)
         if why:
             raise ValueError(f"kernel {backend!r} cannot run these inputs: {why}")
         return k
     reasons = []
     for k in kernels(layout):
-        why = k.supports(x, causal)
+        why = k.supports(x, causal, needs_grad)
         if why is None:
             return k
         reasons.append(f"{k.name}: {why}")

@@ -6,6 +6,9 @@
 - torch_sdpa_loop: one SDPA call per sequence of the packed tokens: sum(L^2) work plus one
   Python-level call per sequence (the best PyTorch option on CPU, FACTS.md).
 - torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal; math path on CPU).
+
+All are PyTorch ops, so autograd differentiates them (``differentiable=True``): they are what
+``backend="auto"`` falls back to when the inputs require grad.
 """
 
 from __future__ import annotations
@@ -21,12 +24,9 @@ from .registry import Kernel, register
 _ALL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _zero_padded_rows(out: Tensor, lengths: Tensor | None) -> Tensor:
-    if lengths is None:
-        return out
-    T = out.shape[2]
-    real = torch.arange(T, device=out.device).view(1, T) < lengths.view(-1, 1)  # (B, T)
-    return out * real.view(-1, 1, T, 1).to(out.dtype)
+def _real(lengths: Tensor, T: int) -> Tensor:
+    """(B, 1, T, 1) bool, True at real tokens, to broadcast over (B, H, T, D)."""
+    return (torch.arange(T, device=lengths.device).view(1, T) < lengths.view(-1, 1)).view(-1, 1, T, 1)
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None) -> Tensor:
@@ -37,9 +37,17 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     B, _, T, _ = q.shape
     if lengths is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    # Padding must not matter, whatever it holds: SDPA adds its -inf mask to the scores (NaN + -inf
+    # is NaN) and multiplies V by probabilities (0 * NaN is NaN), so NaN or inf in a padded key or
+    # value would reach real rows. torch.where (not a multiply) replaces padding by 0; it also
+    # keeps the backward of padded rows free of NaN. One pass over q, k, v each.
+    zero = q.new_zeros(())
+    q = torch.where(_real(lengths, T), q, zero)
+    real_k = _real(lengths, k.shape[2])
+    k, v = torch.where(real_k, k, zero), torch.where(real_k, v, zero)
     mask = allowed_mask(B, T, k.shape[2], lengths=lengths, causal=causal, device=q.device)  # (B, 1, T|1, S)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return _zero_padded_rows(out, lengths)
+    return torch.where(_real(lengths, T), out, zero)  # padded query rows: exactly 0
 
 
 def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
@@ -47,13 +55,14 @@ def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=Non
 
 
 def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
-    out = torch.empty_like(q)
+    outs = []
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
-            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale).transpose(0, 1)
-    return out
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale).transpose(0, 1))
+    # torch.cat, not writes into an empty buffer: autograd follows it, and no token is left unwritten.
+    return torch.cat(outs) if outs else q.clone()
 
 
 def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
@@ -65,12 +74,12 @@ def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=No
 
 
 register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", priority=-100))
+                "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", priority=-100, differentiable=True))
 register(Kernel("torch_sdpa", "padded", torch_sdpa, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "F.scaled_dot_product_attention with a boolean key-padding mask", priority=0))
+                "F.scaled_dot_product_attention with a boolean key-padding mask", priority=0, differentiable=True))
 register(Kernel("reference_varlen", "varlen", reference_varlen, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "repad, naive attention, unpad: the varlen oracle", priority=-100))
+                "repad, naive attention, unpad: the varlen oracle", priority=-100, differentiable=True))
 register(Kernel("torch_sdpa_loop", "varlen", torch_sdpa_loop, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "one F.scaled_dot_product_attention call per sequence", priority=0))
+                "one F.scaled_dot_product_attention call per sequence", priority=0, differentiable=True))
 register(Kernel("torch_sdpa_nested", "varlen", torch_sdpa_nested, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "F.scaled_dot_product_attention on a torch.nested jagged tensor", priority=-10, causal=False))
+                "F.scaled_dot_product_attention on a torch.nested jagged tensor", priority=-10, causal=False, differentiable=True))

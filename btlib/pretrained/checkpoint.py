@@ -14,6 +14,32 @@ DistilBERT names the same tensors q_lin/k_lin/v_lin, out_lin, sa_layer_norm, ffn
 output_layer_norm. Every tensor of the file is accounted for: mapped, or kept aside untouched
 (pooler, heads, buffers) so that :func:`to_hf_state_dict` gives the file back key for key, bit
 for bit. The whole file is checked against the config *before* anything is built.
+
+config.json fields that change a model's outputs (transformers 5.23: BertConfig, RobertaConfig,
+XLMRobertaConfig, DistilBertConfig and their PreTrainedConfig base; older files may also carry
+``position_embedding_type``). btlib honours a field, refuses it by name (CheckpointError), or it
+cannot matter for inference. A field btlib does not know is ignored: the table is the list.
+
+    field                                          btlib
+    hidden_size/dim, num_hidden_layers/n_layers,   honoured; every tensor's shape is checked against them
+      num_attention_heads/n_heads, intermediate_size/hidden_dim, vocab_size,
+      max_position_embeddings, type_vocab_size
+    hidden_act / activation                        honoured: gelu, relu, gelu_new, gelu_pytorch_tanh,
+                                                   gelu_fast (tanh GELU); any other value is refused
+    layer_norm_eps                                 honoured (DistilBERT: fixed 1e-12, as in transformers)
+    pad_token_id                                   honoured: padding id, RoBERTa's position offset
+    position_embedding_type                        "absolute" honoured; relative_key(_query) refused
+    is_decoder                                     refused when true (causal self-attention)
+    add_cross_attention, is_encoder_decoder        refused when true (a decoder / seq2seq model)
+    pruned_heads                                   refused when non-empty (heads of unequal count per layer)
+    chunk_size_feed_forward                        cannot matter: the FFN is per token, chunks compute the same
+    sinusoidal_pos_embds (DistilBERT)              cannot matter: sinusoids only initialise the table; the
+                                                   file holds the values used
+    *dropout* (hidden, attention, classifier, qa,  cannot matter: inference runs without dropout
+      seq_classif), initializer_range
+    dtype / torch_dtype                            weights read as stored, computed in fp32 (exact upcast)
+    use_cache, bos/eos_token_id, tie_word_embeddings, num_labels, id2label, problem_type,
+      output_*, return_dict, _attn_implementation  cannot matter for the encoder's hidden states
 """
 
 from __future__ import annotations
@@ -51,22 +77,65 @@ class CheckpointSpec:
     position_offset: int       # RoBERTa counts positions from pad_token_id + 1; BERT from 0
 
 
+ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # what PretrainedEncoder builds
+
+
+def _refusals(c: dict, act_key: str) -> list[str]:
+    """The config fields (module docstring's table) whose values btlib cannot reproduce exactly."""
+    refused = []
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        refused.append(f"position_embedding_type={c['position_embedding_type']!r} (btlib has absolute position embeddings only)")
+    for key, what in (("is_decoder", "causal self-attention"), ("add_cross_attention", "cross-attention to an encoder"),
+                      ("is_encoder_decoder", "an encoder-decoder model")):
+        if c.get(key):
+            refused.append(f"{key}={c[key]!r} ({what}; btlib runs bidirectional encoders)")
+    if c.get("pruned_heads"):
+        refused.append(f"pruned_heads={c['pruned_heads']!r} (btlib needs the same heads in every layer)")
+    act = c.get(act_key, "gelu")
+    if act not in ACTIVATIONS:
+        refused.append(f"{act_key}={act!r} (btlib supports {', '.join(ACTIVATIONS)})")
+    return refused
+
+
 def read_spec(folder: Path) -> CheckpointSpec:
+    """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
+    unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{folder} has no config.json; point at a Hugging Face model folder")
-    c = json.loads(cfg_path.read_text())
+    try:
+        c = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); restore the file from the model's source") from None
+    if not isinstance(c, dict):
+        raise CheckpointError(f"{cfg_path} holds a JSON {type(c).__name__}, not an object of config fields")
     kind = c.get("model_type")
-    if kind in ("bert", "roberta", "xlm-roberta"):
-        roberta = kind != "bert"
-        return CheckpointSpec(kind, c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["intermediate_size"],
-                              c.get("hidden_act", "gelu"), c.get("layer_norm_eps", 1e-12), c["vocab_size"],
-                              c["max_position_embeddings"], c.get("type_vocab_size", 2), c.get("pad_token_id", 0),
-                              c.get("pad_token_id", 1) + 1 if roberta else 0)
+    if kind not in ("bert", "roberta", "xlm-roberta", "distilbert"):
+        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta and distilbert encoders")
+
+    def need(key: str) -> int:
+        if key not in c:
+            raise CheckpointError(f"{cfg_path} has no {key!r}, which a {kind} config must give; "
+                                  "restore the file from the model's source")
+        if not isinstance(c[key], int) or isinstance(c[key], bool) or c[key] < 1:
+            raise CheckpointError(f"{cfg_path}: {key} must be a positive integer; got {c[key]!r}")
+        return c[key]
+
+    refused = _refusals(c, "activation" if kind == "distilbert" else "hidden_act")
+    if refused:
+        raise CheckpointError(f"{cfg_path} describes a model btlib cannot reproduce exactly:\n  " + "\n  ".join(refused)
+                              + "\nRun it with transformers instead")
+    roberta = kind in ("roberta", "xlm-roberta")
+    pad = c.get("pad_token_id", 1 if roberta else 0)  # transformers' defaults
+    if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
+        raise CheckpointError(f"{cfg_path}: pad_token_id must be a token id (an integer >= 0); got {pad!r}")
     if kind == "distilbert":
-        return CheckpointSpec(kind, c["n_layers"], c["dim"], c["n_heads"], c["hidden_dim"], c.get("activation", "gelu"),
-                              1e-12, c["vocab_size"], c["max_position_embeddings"], 0, c.get("pad_token_id", 0), 0)
-    raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta and distilbert encoders")
+        return CheckpointSpec(kind, need("n_layers"), need("dim"), need("n_heads"), need("hidden_dim"), c.get("activation", "gelu"),
+                              1e-12, need("vocab_size"), need("max_position_embeddings"), 0, pad, 0)
+    return CheckpointSpec(kind, need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads"),
+                          need("intermediate_size"), c.get("hidden_act", "gelu"), c.get("layer_norm_eps", 1e-12),
+                          need("vocab_size"), need("max_position_embeddings"), c.get("type_vocab_size", 2),
+                          pad, pad + 1 if roberta else 0)
 
 
 def verify_sha256(path: Path, expected: str) -> None:
@@ -82,12 +151,17 @@ def verify_sha256(path: Path, expected: str) -> None:
 
 def read_state_dict(folder: Path) -> dict[str, Tensor]:
     """All tensors of model.safetensors (read with the safetensors package, no transformers)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = folder / "model.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{folder} has no model.safetensors (pytorch_model.bin is not read: it can run code on load)")
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e}): the file is damaged or incomplete; "
+                              "download it again") from None
 
 
 def _prefix(sd: dict[str, Tensor], spec: CheckpointSpec) -> str:
