@@ -13,6 +13,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
 """
 
 from .attention import attention, varlen_attention
+from .device import PrecisionChoice, SlowPrecisionWarning, choose_precision
 from .fastpath import FastpathReport, explain_fastpath, ops_that_ran
 from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
@@ -33,6 +34,7 @@ from .reference import reference_attention, reference_varlen_attention
 __version__ = "0.1.0"
 
 __all__ = [
+    "choose_precision", "PrecisionChoice", "SlowPrecisionWarning",
     "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
     "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder", "load_pretrained", "to_hf_state_dict",
     "explain_sdpa", "SDPAReport", "run_forced", "ForcedRun", "sdpa_ops",

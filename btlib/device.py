@@ -3,23 +3,44 @@
     >>> from btlib.device import describe_device
     >>> describe_device()                       # doctest: +SKIP
     btlib 0.1.0 from ./bettertransformer-workbook, torch 2.13.0+cpu, Python 3.11.7
-    device: CPU, AMD EPYC 9R45 (2 cores, 2 torch threads, AVX512)
+    device: CPU AMD EPYC, x86_64, 2 cores, 2 torch threads, torch AVX512, btlib kernels avx512bf16
+      bf16 native (avx512_bf16 in /proc/cpuinfo); matmul measured 194 GFLOP/s fp32, 864 bf16 (4.5x fp32)
+      precision="auto": bf16 (bf16 is native here and its matmuls measured 4.5x fp32's rate)
       no GPU: the GPU cells skip and say why; the C++ kernels compile with the system compiler on first use
     sizes: default (BTLIB_QUICK=1 shrinks them to seconds)
 
-On a GPU the device line names it with its compute capability (``sm_75`` for a T4) and says what
-that capability gives: tensor cores for the Triton kernels from sm_80 on, SDPA's FlashAttention
-backend from sm_80 on. Queries the GPU only when called, never on import.
+One source for the machine: :func:`describe_machine` (a dict, in every benchmark row) and
+:func:`machine_line` (its text, here and in ``python -m btlib.bench summary``), both from
+:func:`btlib.hardware.machine`. bf16 is used only where it pays: :func:`choose_precision`
+picks it where it is native *and* measured faster; :func:`warn_if_slow_bf16` warns an explicit
+bf16 request where it is not. On a GPU the device line names it with its compute capability.
+Queries the GPU and measures the CPU only when called, never on import.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["describe_device", "gpu_notes"]
+import torch
+
+from .hardware import Hardware, as_dict, machine
+
+__all__ = ["describe_device", "describe_machine", "machine_line", "gpu_notes", "choose_precision", "PrecisionChoice",
+           "warn_if_slow_bf16", "SlowPrecisionWarning", "PRECISIONS", "AUTO_MARGIN"]
+
+PRECISIONS = ("auto", "fp32", "bf16")
+AUTO_MARGIN = 1.3  # "auto" takes bf16 only when its measured matmul rate beats fp32's by this much
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_warned: set[str] = set()
+
+
+class SlowPrecisionWarning(UserWarning):
+    """A precision was requested explicitly that this machine runs slower than fp32 (e.g. emulated bf16)."""
 
 
 def gpu_notes(major: int, minor: int) -> list[str]:
@@ -35,32 +56,115 @@ def gpu_notes(major: int, minor: int) -> list[str]:
     return [f"sm_{sm}: tensor cores for fp16 and bf16 (Triton emits mma), SDPA's FlashAttention backend available"]
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
-    except OSError:
-        return platform.processor() or platform.machine()
+def describe_machine() -> dict[str, Any]:
+    """The facts a timing depends on, as stored in every benchmark row. No host names or paths.
+
+    Keys: cpu, arch, os, cores (= cpu_count), threads, torch, python, torch_capability (= cpu_capability),
+    isa, bf16_native, bf16_why, fp32_gflops, bf16_gflops, fp32_n, bf16_n, bf16_speedup, gpu.
+    """
+    hw = as_dict(machine())
+    env = {**hw, "python": platform.python_version(), "os": f"{platform.system()} {platform.machine()}",
+           "cpu_count": hw["cores"], "cpu_capability": hw["torch_capability"], "gpu": None}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)"
+    return env
+
+
+def machine_line(env: dict[str, Any] | None = None, *, rates: bool = True) -> str:
+    """The machine in one line (from :func:`describe_machine`'s dict; rows saved before it had fewer keys).
+
+    rates=False leaves out bf16 and the measured matmul rates (describe_device gives them a line of their own).
+    """
+    env = describe_machine() if env is None else env
+    g = env.get
+    parts = [f"CPU {g('cpu')}", g("arch") or g("os"), f"{g('cores', g('cpu_count'))} cores", f"{g('threads')} torch threads",
+             f"torch {g('torch_capability', g('cpu_capability'))}"]
+    if g("isa"):
+        parts.append(f"btlib kernels {g('isa')}")
+    if rates and g("bf16_native") is not None:
+        parts.append(f"bf16 {'native' if g('bf16_native') else 'not native'}")
+    if rates and g("fp32_gflops"):
+        parts.append(f"matmul {g('fp32_gflops'):.0f} GFLOP/s fp32, {g('bf16_gflops'):.3g} bf16 "
+                     f"({g('bf16_gflops') / g('fp32_gflops'):.2g}x)")
+    if g("gpu"):
+        parts.append(f"GPU {g('gpu')}")
+    return ", ".join(str(p) for p in parts)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What precision="auto" (or an explicit precision) resolves to here, and why. ``print()`` it."""
+
+    precision: str       # "fp32" or "bf16"
+    reason: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.precision]
+
+    def __str__(self) -> str:
+        return f"{self.precision}: {self.reason}"
+
+
+def choose_precision(precision: str = "auto", hw: Hardware | None = None, margin: float = AUTO_MARGIN) -> PrecisionChoice:
+    """Resolve "auto" | "fp32" | "bf16". "auto" is bf16 only where bf16 is native and measured > margin x fp32.
+
+    hw: the machine (default :func:`btlib.hardware.machine`, measured once); tests pass their own.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    if precision != "auto":
+        return PrecisionChoice(precision, "asked for explicitly")
+    hw = hw or machine()
+    rates = f"matmuls measured here at {hw.bf16_gflops:.3g} GFLOP/s bf16 vs {hw.fp32_gflops:.0f} fp32"
+    if not hw.bf16_native:
+        return PrecisionChoice("fp32", f"bf16 is not native on this CPU ({hw.bf16_why}); {rates}")
+    if hw.bf16_speedup <= margin:
+        return PrecisionChoice("fp32", f"bf16 is native but gains only {hw.bf16_speedup:.2g}x (<= {margin}x): {rates}")
+    return PrecisionChoice("bf16", f"bf16 is native and {hw.bf16_speedup:.2g}x fp32 (> {margin}x): {rates}")
+
+
+def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3) -> bool:
+    """Warn once per ``what`` (a SlowPrecisionWarning) if bf16 is not native here or measured slower than fp32.
+
+    The run goes on in bf16 (it was asked for); the warning names the measured rates and what to do.
+    Returns True if bf16 is slow here (whether or not this call warned).
+    """
+    hw = hw or machine()
+    if hw.bf16_native and hw.bf16_speedup >= 1.0:
+        return False
+    if what not in _warned:
+        _warned.add(what)
+        native = "native on this CPU" if hw.bf16_native else f"not native on this CPU ({hw.bf16_why})"
+        slower = f"{1 / hw.bf16_speedup:.0f}x slower" if hw.bf16_speedup < 1 else f"{hw.bf16_speedup:.2g}x fp32's rate"
+        warnings.warn(SlowPrecisionWarning(
+            f"{what}: bf16 is {native}; its bf16 matmuls measured {hw.bf16_gflops:.3g} GFLOP/s vs "
+            f"{hw.fp32_gflops:.0f} GFLOP/s in fp32 ({slower}, {hw.threads} threads). It runs as asked; "
+            "for speed use precision='fp32', or precision='auto' to pick what is fastest here."), stacklevel=stacklevel)
+    return True
 
 
 def describe_device(file=None) -> str:
-    """Print (to ``file``, default stdout) and return where btlib was imported from, the device, and what it means."""
-    import torch
+    """Print (to ``file``, default stdout) and return where btlib was imported from, the device, and what it means.
 
+    Measures this CPU's fp32 and bf16 matmul rates the first time (~1-2 s, then cached on disk).
+    """
     import btlib
     from btlib.bench.core import quick_mode
 
+    env = describe_machine()
     lines = [f"btlib {btlib.__version__} from {Path(btlib.__file__).resolve().parents[1]}, "
              f"torch {torch.__version__}, Python {platform.python_version()}"]
-    cpu = (f"CPU, {_cpu_name()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
-           f"{torch.backends.cpu.get_cpu_capability()})")
+    cpu = machine_line({**env, "gpu": None}, rates=False)
+    lines.append(f"device: {cpu}" if env["gpu"] is None else f"device: GPU {env['gpu']} (and {cpu}); the GPU cells run")
+    lines.append(f"  bf16 {'native' if env['bf16_native'] else 'not native'} ({env['bf16_why']}); matmul measured "
+                 f"{env['fp32_gflops']:.0f} GFLOP/s fp32, {env['bf16_gflops']:.3g} bf16 ({env['bf16_speedup']:.2g}x fp32)")
+    lines.append(f'  precision="auto": {choose_precision()}')
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        lines.append(f"device: GPU {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB "
-                     f"(and {cpu}); the GPU cells run")
         lines += [f"  {note}" for note in gpu_notes(p.major, p.minor)]
     else:
-        lines.append(f"device: {cpu}")
         lines.append("  no GPU: the GPU cells skip and say why; the C++ kernels compile with the system compiler on first use")
     lines.append("sizes: quick (BTLIB_QUICK=1; timings mean little)" if quick_mode()
                  else "sizes: default (BTLIB_QUICK=1 shrinks them to seconds)")

@@ -14,13 +14,20 @@ PyTorch's nested path gets the first saving but not the second: it re-pads for a
 (FACTS.md). Post-LN and pre-LN (norm_first) layers, ReLU, GELU or any callable activation,
 with or without a final norm.
 
-This module is for inference: dropout is not applied and there is no backward through the
-C++ attention kernels.
+This module is for inference and runs the module exactly as its PyTorch forward would (with the
+fastpath off), or refuses by name: dropout is not applied, so a layer in training mode with
+dropout > 0 raises in forward; there is no backward through the C++ attention kernels.
+batch_first=False layers take and return (T, B, d) as PyTorch does.
+
+Precision: the module's own dtype by default; ``precision="auto"`` takes bf16 only where this
+CPU runs it natively and measured faster (btlib.device.choose_precision); an explicit bf16
+(``precision="bf16"`` or ``dtype=torch.bfloat16``) runs, and warns once where bf16 is slow.
 """
 
 from __future__ import annotations
 
 import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,8 +39,44 @@ __all__ = ["PackedEncoder"]
 
 
 def _fused_kind(layer: nn.TransformerEncoderLayer) -> str | None:
-    """'relu' or 'gelu' when the activation is one PyTorch can fuse into the GEMM epilogue."""
-    return {1: "relu", 2: "gelu"}.get(getattr(layer, "activation_relu_or_gelu", 0))
+    """'relu' or 'gelu' when the activation is exactly ReLU or exact (erf) GELU, which the GEMM epilogue fuses.
+
+    Not layer.activation_relu_or_gelu: PyTorch sets it to 2 for any nn.GELU (also approximate="tanh")
+    and for subclasses of nn.ReLU / nn.GELU, which then must run as given. Anything else runs as given.
+    """
+    act = layer.activation
+    if act is F.relu or type(act) is nn.ReLU:
+        return "relu"
+    if act is F.gelu or (type(act) is nn.GELU and act.approximate == "none"):
+        return "gelu"
+    return None
+
+
+def _check_layer(i: int, layer: nn.Module) -> None:
+    """Raise, naming the option, for a layer whose PyTorch forward PackedEncoder would not reproduce exactly."""
+    where = f"layer {i}"
+    if not isinstance(layer, nn.TransformerEncoderLayer):
+        raise TypeError(f"{where}: PackedEncoder runs nn.TransformerEncoderLayer; got {type(layer).__name__}")
+    for name in ("forward", "_sa_block", "_ff_block"):
+        if getattr(type(layer), name) is not getattr(nn.TransformerEncoderLayer, name):
+            raise ValueError(f"{where}: {type(layer).__name__} overrides {name}, which PackedEncoder would not run; "
+                             "use the module itself")
+    a = layer.self_attn
+    if type(a) is not nn.MultiheadAttention:
+        raise ValueError(f"{where}: self_attn is {type(a).__name__}, not nn.MultiheadAttention; use the module itself")
+    if not a._qkv_same_embed_dim or a.bias_k is not None or a.add_zero_attn:
+        raise ValueError(f"{where}: PackedEncoder needs plain self-attention (no kdim/vdim, add_bias_kv, add_zero_attn)")
+
+
+def _dropout_in_training(layers: nn.ModuleList) -> str | None:
+    """Which dropout would be applied (module name and p), or None: in eval mode, or every p is 0."""
+    for i, layer in enumerate(layers):
+        if layer.self_attn.training and layer.self_attn.dropout > 0:
+            return f"layers.{i}.self_attn.dropout={layer.self_attn.dropout}"
+        for name, m in layer.named_modules():
+            if isinstance(m, nn.Dropout) and m.training and m.p > 0:
+                return f"layers.{i}.{name} (p={m.p})"
+    return None
 
 
 class PackedEncoder(nn.Module):
@@ -45,52 +88,88 @@ class PackedEncoder(nn.Module):
         >>> out = packed(x, lengths=torch.tensor([5, 2]))   # x (2, 5, 64) -> (2, 5, 64), zeros at padding
     """
 
-    def __init__(self, layers: nn.ModuleList, norm: nn.Module | None, attention_backend: str = "auto"):
+    def __init__(self, layers: nn.ModuleList, norm: nn.Module | None, attention_backend: str = "auto",
+                 batch_first: bool = True):
         super().__init__()
         self.layers = layers
         self.norm = norm
         self.attention_backend = attention_backend
+        self.batch_first = batch_first
+        self.precision = None  # the PrecisionChoice from from_module(precision=...), printable; None: as given
 
     @classmethod
     def from_module(cls, encoder: nn.TransformerEncoder | nn.TransformerEncoderLayer, *, attention_backend: str = "auto",
-                    dtype: torch.dtype | None = None) -> "PackedEncoder":
+                    dtype: torch.dtype | None = None, precision: str | None = None) -> "PackedEncoder":
         """Wrap an existing encoder (or a single layer) without copying its weights.
 
-        dtype: run in this dtype instead (e.g. torch.bfloat16: this CPU's bf16 GEMMs are ~4x its
-        fp32 rate); the weights are then *copied* and converted, the original is untouched.
-        Inputs are cast to it and outputs cast back. Raises ValueError for layers it cannot run
-        exactly: separate k/v dimensions, add_bias_kv or add_zero_attn.
+        precision: None (default) runs in the module's own dtype; "auto" picks bf16 only where this
+        CPU runs bf16 natively and its matmuls measured > 1.3x fp32's rate, else fp32
+        (btlib.device.choose_precision; the choice and why are in ``.precision``); "fp32" / "bf16" choose.
+        dtype: an explicit dtype instead (e.g. torch.bfloat16); give dtype or precision, not both.
+        A dtype other than the module's *copies* and converts the weights (the original is untouched);
+        inputs are cast to it and outputs cast back. An explicit bf16 where bf16 is not native (or
+        measured slower than fp32) runs, and warns once (btlib.device.SlowPrecisionWarning) with the rates.
+
+        Raises ValueError/TypeError, naming the option, for what it would not run exactly as PyTorch's
+        forward does: separate k/v dimensions, add_bias_kv, add_zero_attn, layers or attention modules
+        whose forward is overridden, layers that disagree on batch_first.
         """
+        from .device import choose_precision, warn_if_slow_bf16
+
         if isinstance(encoder, nn.TransformerEncoderLayer):
             layers, norm = nn.ModuleList([encoder]), None
         elif isinstance(encoder, nn.TransformerEncoder):
+            if type(encoder).forward is not nn.TransformerEncoder.forward:
+                raise ValueError(f"{type(encoder).__name__} overrides forward, which PackedEncoder would not run; use the module itself")
             layers, norm = encoder.layers, encoder.norm
         else:
             raise TypeError(f"PackedEncoder.from_module takes nn.TransformerEncoder(Layer); got {type(encoder).__name__}")
         for i, layer in enumerate(layers):
-            a = layer.self_attn
-            if not a._qkv_same_embed_dim or a.bias_k is not None or a.add_zero_attn:
-                raise ValueError(f"layer {i}: PackedEncoder needs plain self-attention (no kdim/vdim, add_bias_kv, add_zero_attn)")
-        if dtype is not None:
+            _check_layer(i, layer)
+        batch_first = {layer.self_attn.batch_first for layer in layers}
+        if len(batch_first) != 1:
+            raise ValueError("the layers disagree on batch_first; PackedEncoder takes one layout")
+        choice = None
+        if precision is not None:
+            if dtype is not None:
+                raise ValueError("give dtype or precision, not both")
+            choice = choose_precision(precision)
+            dtype = choice.dtype
+        if dtype == torch.bfloat16 and (choice is None or precision == "bf16"):
+            warn_if_slow_bf16("PackedEncoder in bf16")
+        if dtype is not None and dtype != layers[0].linear1.weight.dtype:
             layers, norm = copy.deepcopy(layers).to(dtype), (copy.deepcopy(norm).to(dtype) if norm is not None else None)
-        return cls(layers, norm, attention_backend)
+        packed = cls(layers, norm, attention_backend, batch_first.pop())
+        packed.precision = choice
+        packed.training = any(m.training for m in layers)  # not train(): that would also flip the shared layers
+        return packed
 
     def forward(self, src: Tensor, lengths: Tensor | None = None, src_key_padding_mask: Tensor | None = None) -> Tensor:
-        """src: (B, T, d) batch-first, real tokens first. Give ``lengths`` (B,) or a left-aligned
-        ``src_key_padding_mask`` (B, T, True at padding). Returns (B, T, d), zeros at padding
-        (as PyTorch's nested path returns)."""
+        """src: (B, T, d), or (T, B, d) when the wrapped layers have batch_first=False, real tokens first.
+        Give ``lengths`` (B,) or a left-aligned ``src_key_padding_mask`` (B, T, True at padding; (B, T) in
+        either layout, as in PyTorch). Returns src's layout and dtype, zeros at padding (as PyTorch's
+        nested path returns)."""
         if src.dim() != 3:
-            raise ValueError(f"src must be (B, T, d_model); got {tuple(src.shape)}")
+            raise ValueError(f"src must be (B, T, d_model) or, batch_first=False, (T, B, d_model); got {tuple(src.shape)}")
+        if not self.batch_first:
+            src = src.transpose(0, 1)  # (T, B, d) -> (B, T, d), a view
         B, T = src.shape[:2]
         if lengths is None:
             lengths = padding_mask_to_lengths(src_key_padding_mask) if src_key_padding_mask is not None else \
                 torch.full((B,), T, dtype=torch.int64)
         tokens, cu_seqlens, max_seqlen = pack(src, lengths)  # pack once: (total, d)
         out = self.forward_packed(tokens.to(self.layers[0].linear1.weight.dtype), cu_seqlens, max_seqlen)
-        return unpack(out.to(src.dtype), cu_seqlens, T)  # unpack once, zeros at padding
+        out = unpack(out.to(src.dtype), cu_seqlens, T)  # unpack once, zeros at padding: (B, T, d)
+        return out if self.batch_first else out.transpose(0, 1)
 
     def forward_packed(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
-        """x: (total, d) packed tokens; cu_seqlens: (B + 1,) int32 -> (total, d)."""
+        """x: (total, d) packed tokens; cu_seqlens: (B + 1,) int32 -> (total, d).
+
+        Raises RuntimeError if a layer is in training mode with dropout > 0 (dropout is not applied here).
+        """
+        if (active := _dropout_in_training(self.layers)) is not None:
+            raise RuntimeError(f"PackedEncoder applies no dropout, but {active} is in training mode: call .eval() "
+                               "for inference, or train with the PyTorch module itself")
         for layer in self.layers:
             if layer.norm_first:
                 x = x + self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen)
@@ -114,7 +193,8 @@ class PackedEncoder(nn.Module):
     @staticmethod
     def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
         kind = _fused_kind(layer)
-        if kind is not None and layer.linear1.bias is not None:
+        # On CUDA _addmm_activation's GELU is the tanh approximation (cuBLASLt's epilogue): fuse it on the CPU only.
+        if kind is not None and layer.linear1.bias is not None and (kind == "relu" or x.device.type == "cpu"):
             # bias + activation fused into the GEMM's epilogue: one pass over the (total, d_ff) activations, not three
             h = torch._addmm_activation(layer.linear1.bias, x, layer.linear1.weight.t(), use_gelu=kind == "gelu")
         else:

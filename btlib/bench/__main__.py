@@ -6,6 +6,7 @@ import argparse
 import ast
 import sys
 
+from ..device import machine_line
 from . import load_all, load_rows, run, table
 
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json, params=params,
                    x_vals=x_vals, providers=args.providers.split(",") if args.providers else None, progress=lambda line: print(line, file=sys.stderr, flush=True))
         env = rows[0]["env"] if rows else {}
-        print(f"# {env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')}, gpu: {env.get('gpu')}")
+        print(f"# {machine_line(env)}, torch {env.get('torch')}")
         print(table(rows, bench.baseline))
         return 1 if any(r["status"] == "wrong" for r in rows) else 0
     rows = load_rows(args.paths)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         by_bench.setdefault(row["benchmark"], []).append(row)
     for name, rs in by_bench.items():
         env = rs[0]["env"]
-        print(f"\n## {name}  ({env.get('cpu')}, {env.get('threads')} threads, torch {env.get('torch')})")
+        print(f"\n## {name}  ({machine_line(env)}, torch {env.get('torch')})")
         print(table(rs, benches[name].baseline if name in benches else None))
     return 0
 

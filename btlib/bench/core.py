@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from ..device import describe_machine  # one source for the machine: btlib.device / btlib.hardware
 
 __all__ = ["Provider", "Benchmark", "run", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare"]
 
@@ -92,30 +93,6 @@ def declare(bench: Benchmark) -> Benchmark:
     """Register a benchmark under its name (for ``python -m btlib.bench``)."""
     BENCHMARKS[bench.name] = bench
     return bench
-
-
-def describe_machine() -> dict[str, Any]:
-    """The facts a timing depends on. No host names or paths."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    env = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "os": f"{platform.system()} {platform.machine()}",
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "gpu": None,
-    }
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        env["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)"
-    return env
 
 
 def _sync(device: str) -> None:

@@ -1,0 +1,114 @@
+"""btlib.hardware / btlib.device: one machine description, measured rates, bf16 only where it pays."""
+
+import json
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+import btlib
+from btlib import device, hardware
+
+EMULATED = {"bf16_native": False, "bf16_why": "no avx512_bf16 or amx_bf16 on this x86 CPU", "fp32_gflops": 161.0,
+            "bf16_gflops": 0.9}  # the AVX2 CPU of the brief: torch's bf16 matmul emulated
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """No in-process or on-disk rates from before; warnings not yet given; the disk cache in tmp_path."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "_memo", {})
+    monkeypatch.setattr(device, "_warned", set())
+    return tmp_path
+
+
+def test_machine_measures_once_and_caches_on_disk(fresh):
+    hw = hardware.machine()
+    assert hw.fp32_gflops > 0 and hw.bf16_gflops > 0 and hw.threads == torch.get_num_threads()
+    assert hw.isa in ("avx512bf16", "avx512", "avx2", "portable")
+    assert hardware.machine() is hw  # in-process
+    cached = json.loads((fresh / "btlib_hardware.json").read_text())
+    assert list(cached.values()) == [{k: getattr(hw, k) for k in ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n")}]
+    hardware._memo.clear()
+    assert hardware.machine() == hw  # from disk: the same rates, not re-measured
+
+
+def test_measurement_is_time_boxed():
+    import time
+
+    t0 = time.perf_counter()
+    rate, n = hardware.measure_gemm_gflops(torch.bfloat16, budget_s=0.3)
+    assert rate > 0 and n >= 256 and time.perf_counter() - t0 < 3
+
+
+def test_describe_machine_is_the_one_source():
+    from btlib.bench.core import describe_machine
+
+    assert describe_machine is device.describe_machine
+    env = device.describe_machine()
+    assert {"cpu", "threads", "torch", "gpu", "isa", "bf16_native", "fp32_gflops", "bf16_gflops"} <= set(env)
+    line = device.machine_line(env)
+    assert f"btlib kernels {env['isa']}" in line and "GFLOP/s fp32" in line
+    assert device.machine_line({"cpu": "old row", "threads": 2, "cpu_count": 2, "torch": "2.5"}).startswith("CPU old row")
+
+
+def test_assume_no_bf16_override(monkeypatch):
+    monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
+    assert hardware.bf16_native() == (False, "BTLIB_ASSUME_NO_BF16=1")
+
+
+def test_slow_bf16_warns_once_naming_the_slowdown(fresh):
+    hw = replace(hardware.machine(), **EMULATED)
+    with pytest.warns(device.SlowPrecisionWarning, match=r"0\.9 GFLOP/s vs 161 GFLOP/s in fp32 \(179x slower.*precision='fp32'"):
+        assert device.warn_if_slow_bf16("thing in bf16", hw=hw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert device.warn_if_slow_bf16("thing in bf16", hw=hw)  # slow, but said already
+    assert issubclass(btlib.SlowPrecisionWarning, UserWarning)
+
+
+def test_auto_picks_fp32_where_bf16_is_not_native(fresh):
+    hw = replace(hardware.machine(), **EMULATED)
+    choice = device.choose_precision("auto", hw=hw)
+    assert choice.precision == "fp32" and choice.dtype == torch.float32 and "not native" in str(choice)
+    native_but_slow = replace(hw, bf16_native=True, bf16_why="test", bf16_gflops=180.0)
+    assert device.choose_precision("auto", hw=native_but_slow).precision == "fp32"  # 1.1x <= 1.3x margin
+
+
+def test_auto_follows_the_measured_rates_here(fresh):
+    hw = hardware.machine()
+    want = "bf16" if hw.bf16_native and hw.bf16_speedup > device.AUTO_MARGIN else "fp32"
+    assert device.choose_precision().precision == want
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, 0.0, batch_first=True), 1, enable_nested_tensor=False).eval()
+    packed = btlib.PackedEncoder.from_module(enc, precision="auto")
+    assert packed.precision.precision == want and packed.layers[0].linear1.weight.dtype == packed.precision.dtype
+
+
+def test_packed_encoder_bf16_on_a_non_native_cpu_warns_once_and_auto_is_fp32(fresh, monkeypatch):
+    """With BTLIB_ASSUME_NO_BF16=1 (a laptop/Colab CPU simulated here): explicit bf16 runs and warns, auto is fp32."""
+    monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, 0.0, batch_first=True), 1, enable_nested_tensor=False).eval()
+    with pytest.warns(device.SlowPrecisionWarning, match=r"not native on this CPU \(BTLIB_ASSUME_NO_BF16=1\).*GFLOP/s"):
+        bf16 = btlib.PackedEncoder.from_module(enc, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        btlib.PackedEncoder.from_module(enc, precision="bf16")  # once per process
+        auto = btlib.PackedEncoder.from_module(enc, precision="auto")
+    assert bf16.layers[0].linear1.weight.dtype == torch.bfloat16
+    assert auto.precision.precision == "fp32" and auto.layers[0].linear1.weight is enc.layers[0].linear1.weight
+    with torch.inference_mode():
+        assert bf16(torch.randn(2, 5, 32)).dtype == torch.float32
+
+
+def test_describe_device_prints_the_machine_line(capsys):
+    text = device.describe_device()
+    assert "btlib kernels" in text and "GFLOP/s fp32" in text and 'precision="auto":' in text
+
+
+def test_import_measures_nothing():
+    code = "import btlib, btlib.hardware as h; assert not h._memo; import btlib.device"
+    subprocess.run([sys.executable, "-c", code], check=True)
