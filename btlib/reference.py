@@ -163,8 +163,9 @@ def reference_attention(
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
 
-    # A row of all -inf would be NaN after softmax; subtracting a finite max keeps it -inf
-    # everywhere, exp gives 0s, and the guarded division leaves weights 0 for that row.
+    # A row the masks leave no key would be NaN after softmax; subtracting a finite max keeps it
+    # -inf everywhere, exp gives 0s, and the guarded division leaves weights 0 for that row.
+    # (A row that is all -inf because of inf in q or k is 0 too, as in F.scaled_dot_product_attention.)
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     p = torch.exp(scores - row_max)

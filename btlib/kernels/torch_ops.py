@@ -66,11 +66,17 @@ def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None
 
 
 def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> Tensor:
+    if q.shape[0] == 0:  # no tokens: PyTorch's jagged SDPA cannot pad an all-empty batch
+        return q.clone()
     # A jagged tensor's values must be contiguous; q, k, v may be strided views of one QKV projection.
-    qn, kn, vn = (packed_to_nested(x.contiguous(), cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
-    with quiet_jagged():
-        out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
-        return out.transpose(1, 2).values()
+    # Jagged tensors cannot be built from inference tensors inside inference_mode (torch 2.13 raises
+    # "Cannot set version_counter"); outside it, under no_grad, they can, and nothing is recorded.
+    inference = torch.is_inference_mode_enabled()
+    with torch.inference_mode(False), torch.set_grad_enabled(torch.is_grad_enabled() and not inference):
+        qn, kn, vn = (packed_to_nested(x.contiguous(), cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
+        with quiet_jagged():
+            out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
+            return out.transpose(1, 2).values()
 
 
 register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,
