@@ -31,7 +31,7 @@ import torch
 from .hardware import Hardware, as_dict, machine
 
 __all__ = ["describe_device", "describe_machine", "machine_line", "gpu_notes", "choose_precision", "PrecisionChoice",
-           "warn_if_slow_bf16", "SlowPrecisionWarning", "PRECISIONS", "AUTO_MARGIN"]
+           "warn_if_slow_bf16", "bf16_slow_reason", "SlowPrecisionWarning", "PRECISIONS", "AUTO_MARGIN"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 AUTO_MARGIN = 1.3  # "auto" takes bf16 only when its measured matmul rate beats fp32's by this much
@@ -125,6 +125,16 @@ def choose_precision(precision: str = "auto", hw: Hardware | None = None, margin
     return PrecisionChoice("bf16", f"bf16 is native and {hw.bf16_speedup:.2g}x fp32 (> {margin}x): {rates}")
 
 
+def bf16_slow_reason(hw: Hardware | None = None) -> str | None:
+    """None where bf16 is native and measured at least as fast as fp32; else why not (for a benchmark's skip)."""
+    hw = hw or machine()
+    if hw.bf16_native and hw.bf16_speedup >= 1.0:
+        return None
+    native = "native" if hw.bf16_native else f"not native ({hw.bf16_why})"
+    return (f"bf16 is {native} on this CPU: matmuls measured {hw.bf16_gflops:.3g} GFLOP/s bf16 vs {hw.fp32_gflops:.0f} fp32; "
+            "not timed (it runs, slowly, when asked for explicitly)")
+
+
 def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3) -> bool:
     """Warn once per ``what`` (a SlowPrecisionWarning) if bf16 is not native here or measured slower than fp32.
 
@@ -132,7 +142,7 @@ def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3
     Returns True if bf16 is slow here (whether or not this call warned).
     """
     hw = hw or machine()
-    if hw.bf16_native and hw.bf16_speedup >= 1.0:
+    if bf16_slow_reason(hw) is None:
         return False
     if what not in _warned:
         _warned.add(what)

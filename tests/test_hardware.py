@@ -112,3 +112,14 @@ def test_describe_device_prints_the_machine_line(capsys):
 def test_import_measures_nothing():
     code = "import btlib, btlib.hardware as h; assert not h._memo; import btlib.device"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bf16_benchmark_providers_skip_where_bf16_is_slow(fresh, monkeypatch):
+    from btlib.bench import load_all
+
+    monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
+    benches = load_all()
+    enc = next(p for p in benches["encoder_padding"].providers() if p.name == "btlib_packed_bf16")
+    assert "not native" in enc.available() and "GFLOP/s" in enc.available()
+    monkeypatch.delenv("BTLIB_ASSUME_NO_BF16")
+    assert (enc.available() is None) == (device.bf16_slow_reason() is None)

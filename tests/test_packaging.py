@@ -18,7 +18,7 @@ def pins() -> dict[str, str]:
 
 def test_environment_yml_mirrors_pins():
     env = (ROOT / "environment.yml").read_text()
-    pinned = dict(re.findall(r"^\s*-\s+([A-Za-z0-9_.-]+)==([^\s]+)\s*$", env, re.M))
+    pinned = dict(re.findall(r"^\s*-\s+([A-Za-z0-9_.-]+)==([^\s;]+)\s*(?:;.*)?$", env, re.M))  # ; marker allowed
     assert pinned == pins()
     assert "- -e ." in env
 

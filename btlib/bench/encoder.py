@@ -8,7 +8,8 @@ Providers (one encoder, shared weights, eval mode under torch.inference_mode):
 - ``btlib_packed``: btlib.PackedEncoder on the same weights: pack once, every layer on the
   real tokens with btlib's varlen attention, unpack once. ``btlib_packed_bf16``: the same in
   bf16 (weights copied), checked to 5e-2 relative (bf16 keeps 8 bits of mantissa; the
-  notebook checks cosine similarity >= 0.999 per token as well).
+  notebook checks cosine similarity >= 0.999 per token as well); skipped, with the measured
+  rates, where this CPU's bf16 is not native or slower than fp32 (btlib.device.bf16_slow_reason).
 - ``ideal`` (unchecked yardstick): the fastpath on a batch with the same number of real tokens
   and no padding, B sequences of length round((1 - p) T). What skipping padding could reach.
 
@@ -31,6 +32,7 @@ from ..lengths import encoder_flops, uniform_lengths, zipf_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
+from ..device import bf16_slow_reason
 from ..fastpath import run_slow
 from ..packed_encoder import PackedEncoder
 from ..paths import data_file
@@ -68,7 +70,7 @@ def encoder_providers() -> list[Provider]:
         Provider("btlib_packed", lambda x: _fast(cached_packed(x["config"]), x["src"], x["lengths"]),
                  label="btlib.PackedEncoder, fp32"),
         Provider("btlib_packed_bf16", lambda x: _fast(cached_packed(x["config"], torch.bfloat16), x["src"], x["lengths"]),
-                 label="btlib.PackedEncoder, bf16", tol=5e-2),
+                 label="btlib.PackedEncoder, bf16", tol=5e-2, available=bf16_slow_reason),
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
     ]
 

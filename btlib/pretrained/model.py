@@ -12,6 +12,7 @@ run through btlib.PackedEncoder and mean-pooled per sequence with a segment sum.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..device import PRECISIONS, SlowPrecisionWarning, choose_precision, warn_if_slow_bf16
 from ..fastpath import run_slow
 from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
@@ -94,8 +96,11 @@ class PretrainedEncoder(nn.Module):
 
     # -- forward paths -----------------------------------------------------------------------
     def packed_encoder(self, dtype: torch.dtype = torch.float32) -> PackedEncoder:
+        """The PackedEncoder on this model's weights in ``dtype`` (fp32 shares them; bf16 is a converted copy, cached)."""
         if dtype not in self._packed:
-            self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
+            with warnings.catch_warnings():  # encode() has said it already, naming itself
+                warnings.simplefilter("ignore", SlowPrecisionWarning)
+                self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
         return self._packed[dtype]
 
     def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype) -> Tensor:
@@ -122,23 +127,38 @@ class PretrainedEncoder(nn.Module):
         keep = (~pad).unsqueeze(-1).to(h.dtype)
         return (h * keep).sum(1) / keep.sum(1)
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed") -> Tensor:
+    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed",
+               precision: str | None = None) -> Tensor:
         """Sentence embeddings (N, d) float32, as sentence-transformers computes them (pool, then normalise).
 
-        path: "packed" (default, no padding anywhere), "packed_bf16", or PyTorch's
-        "fastpath_nested", "fastpath" (dense) and "slow" (fastpath disabled).
+        path: "packed" (default, no padding anywhere), or PyTorch's "fastpath_nested", "fastpath"
+        (dense) and "slow" (fastpath disabled); "packed_bf16" is "packed" with precision="bf16".
+        precision (packed paths only): None or "fp32" (default), "bf16" (explicit: warns once where
+        bf16 is not native, with the measured slowdown), or "auto" (bf16 only where it is native and
+        measured faster: btlib.choose_precision() says what it picks here and why).
+        batch_size: texts per forward, >= 1.
         """
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}; got {path!r}")
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
+        if path == "packed_bf16":
+            if precision not in (None, "bf16"):
+                raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
+            path, precision = "packed", "bf16"
+        if not path.startswith("packed") and precision not in (None, "fp32"):
+            raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
+        dtype = choose_precision(precision).dtype if precision else torch.float32
+        if precision == "bf16":
+            warn_if_slow_bf16("PretrainedEncoder.encode in bf16")
         out = []
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
                 ids = self.tokenize(texts[i:i + batch_size])
-                if path.startswith("packed"):
-                    out.append(self._encode_packed(ids, torch.bfloat16 if path == "packed_bf16" else torch.float32))
-                else:
-                    out.append(self._encode_padded(ids, path))
+                out.append(self._encode_packed(ids, dtype) if path == "packed" else self._encode_padded(ids, path))
         emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
         return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
