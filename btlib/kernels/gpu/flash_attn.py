@@ -21,6 +21,10 @@ the same kernel on CPU tensors in Triton's interpreter (numpy, one program at a 
 tiny checks). Two interpreter bugs in Triton 3.9 touch bf16: tl.dot multiplies raw bf16 bit
 patterns, and fp32 -> bf16 casts truncate. So there (only) bf16 dots run in fp32 and the output is
 rounded by torch: the interpreter checks the algorithm, the GPU run checks the bf16 arithmetic.
+
+Without triton (it has wheels for Linux x86_64 only) this module still imports, with stand-ins
+(_no_triton.py): the source reads the same, :func:`block_config` works, a launch raises
+:data:`TRITON_MISSING`, which says why.
 """
 
 from __future__ import annotations
@@ -28,11 +32,19 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
-__all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd"]
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_MISSING: str | None = None
+except ModuleNotFoundError:  # no triton wheel for this platform: the module imports, a launch says why
+    from ._no_triton import MISSING as TRITON_MISSING
+    from ._no_triton import tl, triton
+
+__all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd",
+           "TRITON_MISSING"]
 
 MAX_HEAD_DIM = 128  # BLOCK_D = next power of two >= D; larger heads overflow a T4's shared memory
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -160,10 +172,12 @@ def interpreted() -> bool:
     (tl.zeros, tl.max, ...) as much as for this file's kernel, so the choice is per process: set
     it before the first ``import triton``. Then kernels take CPU tensors (numpy underneath).
     """
-    return not isinstance(attn_fwd, triton.runtime.JITFunction)
+    return TRITON_MISSING is None and not isinstance(attn_fwd, triton.runtime.JITFunction)
 
 
 def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks):
+    if TRITON_MISSING:
+        raise RuntimeError(TRITON_MISSING)
     D = q.shape[-1]
     if D > MAX_HEAD_DIM:
         raise ValueError(f"btlib Triton attention: head_dim {D} > {MAX_HEAD_DIM}; use btlib.attention(backend='auto')")

@@ -48,7 +48,7 @@ def _gpu_reason() -> str | None:
 def triton_available() -> str | None:
     """None if the Triton kernels can run here, else why not. Cheap: imports nothing."""
     if not _triton_installed():
-        return "needs triton: pip install 'btlib[gpu]' (or pip install triton)"
+        return "needs triton, which has wheels for Linux x86_64 only: pip install 'btlib[gpu]' there"
     return _gpu_reason()
 
 
