@@ -150,8 +150,8 @@ def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3
         slower = f"{1 / hw.bf16_speedup:.0f}x slower" if hw.bf16_speedup < 1 else f"{hw.bf16_speedup:.2g}x fp32's rate"
         warnings.warn(SlowPrecisionWarning(
             f"{what}: bf16 is {native}; its bf16 matmuls measured {hw.bf16_gflops:.3g} GFLOP/s vs "
-            f"{hw.fp32_gflops:.0f} GFLOP/s in fp32 ({slower}, {hw.threads} threads). It runs as asked; "
-            "for speed use precision='fp32', or precision='auto' to pick what is fastest here."), stacklevel=stacklevel)
+            f"{hw.fp32_gflops:.0f} GFLOP/s in fp32 ({slower}, {hw.threads} threads). It runs as asked; where bf16 is "
+            "emulated, precision='fp32' is the fast choice, and precision='auto' picks what is fastest here."), stacklevel=stacklevel)
     return True
 
 

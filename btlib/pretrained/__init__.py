@@ -2,7 +2,8 @@
 
     model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
-    emb = model.encode(texts)                  # padding-free by default
+    emb = model.encode(texts)                  # padding-free by default, fp32
+    emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
 """
 
