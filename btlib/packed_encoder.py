@@ -194,7 +194,9 @@ class PackedEncoder(nn.Module):
     def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
         kind = _fused_kind(layer)
         # On CUDA _addmm_activation's GELU is the tanh approximation (cuBLASLt's epilogue): fuse it on the CPU only.
-        if kind is not None and layer.linear1.bias is not None and (kind == "relu" or x.device.type == "cpu"):
+        # _addmm_activation has no derivative: when autograd needs one, take the unfused ops.
+        fusable = not (torch.is_grad_enabled() and (x.requires_grad or layer.linear1.weight.requires_grad))
+        if fusable and kind is not None and layer.linear1.bias is not None and (kind == "relu" or x.device.type == "cpu"):
             # bias + activation fused into the GEMM's epilogue: one pass over the (total, d_ff) activations, not three
             h = torch._addmm_activation(layer.linear1.bias, x, layer.linear1.weight.t(), use_gelu=kind == "gelu")
         else:

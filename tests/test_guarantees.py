@@ -84,13 +84,7 @@ def _encoder(activation, bias):
     return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
 
 
-_NO_ADDMM_GRAD = pytest.mark.xfail(raises=RuntimeError, strict=False, reason=(
-    "PackedEncoder fuses bias + ReLU/GELU with torch._addmm_activation, which has no derivative: backward raises "
-    "(loud, not wrong); btlib/packed_encoder.py should take the unfused path when grad is needed"))
-
-
-@pytest.mark.parametrize("activation, bias", [pytest.param("relu", True, marks=_NO_ADDMM_GRAD),
-                                              pytest.param("gelu", True, marks=_NO_ADDMM_GRAD),
+@pytest.mark.parametrize("activation, bias", [("relu", True), ("gelu", True),
                                               (nn.SiLU(), True), ("gelu", False)],
                          ids=["relu", "gelu", "silu", "gelu-nobias"])
 def test_packed_encoder_gradients_equal_pytorch(activation, bias):
