@@ -91,6 +91,9 @@ void attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, in
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
       for (int64_t q0 = 0; q0 < p.len_q(b); q0 += Br) tasks.push_back({b, h, q0});
+  // Longest sequences first (a block costs about len_k): the last chunks handed out are then the
+  // cheapest, so workers finish together. Stable, so one (b, h)'s blocks stay adjacent.
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return p.len_k(x.b) > p.len_k(y.b); });
   // Chunks of consecutive tasks, about 8 per thread: a thread then runs runs of query blocks of
   // one (b, h) and packs its K^T and V once, while the chunks still balance uneven (causal,
   // varlen) work.
