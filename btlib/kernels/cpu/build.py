@@ -157,7 +157,8 @@ def load(isa: str | None = None) -> str:
         cpp_extension.load(name=_name(isa_), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=_thread_flags(),
                            extra_include_paths=[str(HERE)], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
-        _state["error"] = f"building the C++ kernels failed ({type(e).__name__}); see the first error for the compiler output"
+        if isa_ == globals()["isa"]():  # the registered kernels' build: backend="auto" falls back from now on
+            _state["error"] = f"building the C++ kernels failed ({type(e).__name__}); see the first error for the compiler output"
         raise RuntimeError(
             f"btlib: building the C++ attention kernels failed: {e}\n"
             "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
