@@ -1,8 +1,9 @@
-"""btlib's C++ CPU kernels: every registered "cpp" kernel against the reference, bf16, errors, build cache.
+"""btlib's C++ CPU kernels: every registered "cpp" kernel against the reference, bf16, NaN/inf, errors, build cache.
 
 The kernels are taken from the registry (backend "cpp"), so a new C++ kernel is tested here
 without a new test. Sizes are small but never tile multiples (Br = Bc = 64): T = 1, 97, 333.
-The first test builds the library (about 15-30 s on a cold cache).
+The registered kernels use one build (build.isa()); every other build this CPU runs (build.runnable())
+gets a cheap subset (test_every_build_*), since each costs a ~30 s compile on a cold cache.
 """
 
 import os
@@ -117,7 +118,16 @@ q4 = torch.randn(2, 2, 5, 8)
 x3 = torch.randn(6, 2, 8)
 cu_ok = torch.tensor([0, 2, 6], dtype=torch.int32)
 cu_bad = torch.tensor([0, 4, 2, 6], dtype=torch.int32)
-ops = torch.ops.btlib_cpu  # resolved at call time, after the library is loaded
+
+
+class _Ops:
+    """torch.ops.btlib_cpu_<isa> of the registered build, resolved at call time (after it is loaded)."""
+
+    def __getattr__(self, name):
+        return getattr(build.ops(), name)
+
+
+ops = _Ops()
 
 
 @pytest.mark.parametrize("call, err, match", [
@@ -175,3 +185,67 @@ def test_no_compiler_falls_back_to_pytorch():
     chosen, why = r.stdout.splitlines()[:2]
     assert chosen == "torch_sdpa"
     assert "no C++ compiler" in why
+
+
+# --- Every build this CPU can run: a cheap subset each -----------------------------------------
+
+OTHER_BUILDS = [i for i in build.runnable() if i != build.isa()]
+
+
+def _v3(isa, q, k, v, L, causal, layout):
+    """(out, fp32 reference) of build `isa`'s v3 or varlen on (B, H, T, D) q, k, v, in that layout.
+
+    The reference sees the inputs with their padded positions zeroed: what lies there must not matter.
+    """
+    B, H, T, D = q.shape
+    keep = (torch.arange(T)[None, :] < L[:, None])[:, None, :, None]  # (B, 1, T, 1)
+    ref = btlib.reference_attention(*(x.float().masked_fill(~keep, 0) for x in (q, k, v)), lengths=L, causal=causal)
+    if layout == "padded":
+        return build.ops(isa).attention_v3(q, k, v, L, causal, D**-0.5), ref
+    packed = [btlib.pack(x.transpose(1, 2), L).tokens.contiguous() for x in (q, k, v)]  # (total, H, D)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    out = build.ops(isa).varlen_v3(*packed, cu, max_seqlen, causal, D**-0.5)
+    return out, btlib.pack(ref.transpose(1, 2), L).tokens
+
+
+@pytest.mark.parametrize("isa", OTHER_BUILDS)
+@pytest.mark.parametrize("layout", ["padded", "varlen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_build_matches_reference(isa, layout, dtype, causal):
+    for B, H, T, D in [(3, 2, 97, 64), (2, 1, 333, 80), (2, 2, 1, 24)]:
+        q, k, v = torch.randn(3, B, H, T, D).to(dtype)
+        L = _lengths("with_empty", B, T)
+        out, ref = _v3(isa, q, k, v, L, causal, layout)
+        assert out.dtype == dtype and not out.isnan().any()
+        assert relative_error(out.float(), ref) <= (1e-5 if dtype == torch.float32 else 2e-2), (B, H, T, D)
+
+
+def _with_specials(dtype):
+    """(B, H, T, D) q, k, v and lengths [97, 40, 0] with NaN/inf at real and padded positions."""
+    B, H, T, D = 3, 2, 97, 64
+    q, k, v = torch.randn(3, B, H, T, D)
+    L = torch.tensor([97, 40, 0])
+    q[1, 0, 5, 0] = float("nan")  # a real query: its row is NaN
+    v[0, 1, 10, 3] = float("nan")  # a real value at key 10: rows that attend it are NaN
+    k[0, 0, 3, 0] = float("inf")  # a real inf key: rows with q[..., 0] > 0 score +inf (NaN row), < 0 score -inf
+    q[1, :, 60] = k[1, :, 70] = v[1, :, 80] = float("nan")  # padding: must not reach real rows
+    q[2], k[2], v[2] = float("nan"), float("inf"), float("nan")  # a fully padded sequence
+    return q.to(dtype), k.to(dtype), v.to(dtype), L
+
+
+@pytest.mark.parametrize("isa", build.runnable())
+@pytest.mark.parametrize("layout", ["padded", "varlen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_and_inf_propagate_like_the_reference(isa, layout, dtype, causal):
+    q, k, v, L = _with_specials(dtype)
+    out, ref = _v3(isa, q, k, v, L, causal, layout)
+    out = out.float()
+    assert ref.isnan().any() and not ref.isnan().all()  # the case holds NaN rows and finite rows
+    assert torch.equal(out.isnan(), ref.isnan())  # NaN exactly where the reference has it, whole rows
+    finite = ~ref.isnan()
+    assert relative_error(out[finite], ref[finite]) <= (1e-5 if dtype == torch.float32 else 2e-2)
+    if layout == "padded":
+        padded_rows = (torch.arange(q.shape[2])[None, :] >= L[:, None])[:, None, :, None].expand_as(out)
+        assert (out[padded_rows] == 0).all()  # padded rows are exact 0, whatever the padding held

@@ -1,7 +1,8 @@
 """btlib's C++ CPU attention kernels: v1 (materialise), v2 (tiled), v3 (flash), varlen.
 
 Importing this package registers the kernels; nothing is compiled until the first call
-(see build.py). Source: attention.cpp and vec.h in this folder.
+(see build.py). Source: attention.cpp (torch binding) and the torch-free kernel headers
+(core.h, vec.h, teaching.h, flash*.h) in this folder; core_check.cpp tests the headers alone.
 """
 
 from . import build

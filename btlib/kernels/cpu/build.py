@@ -1,19 +1,29 @@
 """Build btlib's C++ attention kernels on first use, with torch.utils.cpp_extension, into a cache.
 
-    load() -> str        compile (once, ~30 s) or load the cached library; returns its build info
+    load(isa=None) -> str   compile (once, ~30 s) or load one build; returns its build info line
+    ops(isa=None)           torch.ops.btlib_cpu_<isa>: that build's ops (loads it first)
     available() -> None | str   cheap: None if a C++ compiler is on PATH, else why not (never compiles)
-    isa() -> str         "avx512bf16", "avx512", "avx2" or "portable": the build this CPU gets
+    isa() -> str            the build the registered kernels use: $BTLIB_CPU_ISA, else the best this CPU runs
+    runnable() -> list      every build this CPU can execute ("portable" first), for the tests
 
-The source is attention.cpp (+ vec.h) next to this file. One library per instruction set, named
-``btlib_cpu_attention_<isa>``, cached in ``$TORCH_EXTENSIONS_DIR/<name>/`` (the Makefile points
-it at build/torch_extensions; torch's default is ~/.cache/torch_extensions). A second load,
-in this process or a new one, finds the library built and takes milliseconds.
+The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
+(core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
+set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
+so several builds load side by side in one process. Cached in ``$TORCH_EXTENSIONS_DIR/<name>/``
+(the Makefile points it at build/torch_extensions; torch's default is ~/.cache/torch_extensions).
+Two processes building one library at once take turns: cpp_extension holds a file baton (a lock
+file in that folder) while one of them compiles, and the other waits, then loads the result.
 
-AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl (plus
--mavx512bf16 where it lists avx512_bf16: bf16 then runs on vdpbf16ps); gcc 12's
-``-march=native`` treats Zen 5 as znver3 and prefers 256-bit code, so the flags name x86-64-v4
-and 512-bit vectors explicitly (FACTS.md). ``BTLIB_CPU_ISA=avx512bf16|avx512|avx2|portable`` overrides the
-choice (one per process: the library registers torch.ops.btlib_cpu).
+x86: AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl (plus
+-mavx512bf16 where it lists avx512_bf16: bf16 then runs on vdpbf16ps); gcc 12's ``-march=native``
+treats Zen 5 as znver3 and prefers 256-bit code, so the flags name x86-64-v4 and 512-bit vectors
+explicitly (FACTS.md). arm64 / aarch64 (Linux, macOS) gets "neon". ``BTLIB_CPU_ISA=avx512bf16|
+avx512|avx2|neon|portable`` overrides the choice.
+
+Threads come from at::parallel_for. With torch's OpenMP backend (Linux, Windows wheels) its body is
+an OpenMP region inlined into our code, so the build needs -fopenmp to run in parallel; Apple clang
+has no -fopenmp, so on macOS the kernels build without it and the build info line says "serial" if
+that torch uses OpenMP.
 """
 
 from __future__ import annotations
@@ -28,19 +38,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load", "available", "isa", "SOURCE", "HEADER", "build_directory", "library_path"]
+__all__ = ["load", "ops", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "attention.cpp"
 HEADER = HERE / "vec.h"
+HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h")]
 
 _FLAGS = {
     "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512"],
     "avx512": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
     "avx2": ["-march=x86-64-v3"],
+    "neon": [],  # NEON and FMA are baseline on aarch64
     "portable": [],
 }
-_state: dict[str, str] = {}  # "error": why the last build failed
+_X86 = {"avx512bf16": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16"},
+        "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"}}
+_state: dict[str, str] = {}  # "error": why the last build failed; "info <isa>": a loaded build
 
 
 def _cpu_flags() -> set[str]:
@@ -51,22 +65,29 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
+def _arm() -> bool:
+    return platform.machine().lower() in ("arm64", "aarch64")
+
+
+def runnable() -> list[str]:
+    """Every build this CPU can execute, most portable first (the native one last)."""
+    if _arm():
+        return ["portable", "neon"]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ["portable"]
+    flags = _cpu_flags()
+    return ["portable"] + [name for name in ("avx2", "avx512", "avx512bf16") if _X86[name] <= flags]
+
+
 @functools.lru_cache(maxsize=None)
 def isa() -> str:
-    """The instruction set the kernels are built for: $BTLIB_CPU_ISA, else what this CPU has."""
+    """The build the registered kernels use: $BTLIB_CPU_ISA, else the best one this CPU runs."""
     forced = os.environ.get("BTLIB_CPU_ISA", "").lower()
     if forced:
         if forced not in _FLAGS:
             raise ValueError(f"BTLIB_CPU_ISA must be one of {', '.join(_FLAGS)}; got {forced!r}")
         return forced
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return "portable"
-    flags = _cpu_flags()
-    if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags:
-        return "avx512bf16" if "avx512_bf16" in flags else "avx512"
-    if {"avx2", "fma"} <= flags:
-        return "avx2"
-    return "portable"
+    return runnable()[-1]
 
 
 def _compiler() -> str:
@@ -77,7 +98,7 @@ def available() -> str | None:
     """None if the kernels can be built or are built; else the reason (no compiler, failed build). Never compiles."""
     if "error" in _state:
         return _state["error"]
-    if "info" in _state:
+    if any(key.startswith("info") for key in _state):
         return None
     if shutil.which(_compiler()) is None:
         return (f"no C++ compiler: {_compiler()!r} is not on PATH (install g++ or set CXX); "
@@ -85,55 +106,73 @@ def available() -> str | None:
     return None
 
 
-def _name() -> str:
-    return f"btlib_cpu_attention_{isa()}"
+def _name(isa_: str | None = None) -> str:
+    return f"btlib_cpu_attention_{isa_ or isa()}"
 
 
-def build_directory() -> Path:
+def build_directory(isa_: str | None = None) -> Path:
     """Where the library is cached: $TORCH_EXTENSIONS_DIR/<name>, else torch's default."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    return Path(_get_build_directory(_name(), verbose=False))
+    return Path(_get_build_directory(_name(isa_), verbose=False))
 
 
-def library_path() -> Path:
-    return build_directory() / f"{_name()}.so"
+def library_path(isa_: str | None = None) -> Path:
+    return build_directory(isa_) / f"{_name(isa_)}.so"
 
 
-def _needs_build() -> bool:
-    lib = library_path()
-    return not lib.exists() or lib.stat().st_mtime < max(SOURCE.stat().st_mtime, HEADER.stat().st_mtime)
+def _needs_build(isa_: str) -> bool:
+    lib = library_path(isa_)
+    return not lib.exists() or lib.stat().st_mtime < max(f.stat().st_mtime for f in [SOURCE, *HEADERS])
 
 
-def load() -> str:
-    """Build (first use) or load the kernels; registers torch.ops.btlib_cpu.*. Returns the build info line.
+def _thread_flags() -> list[str]:
+    """-fopenmp where torch's at::parallel_for is OpenMP and the compiler has it (not Apple clang)."""
+    if sys.platform == "darwin" or not torch.backends.openmp.is_available():
+        return []
+    return ["-fopenmp"]
 
-    Raises RuntimeError with the compiler's message if the build fails; afterwards
-    :func:`available` reports the failure, so ``backend="auto"`` moves on to PyTorch's kernels.
+
+def load(isa: str | None = None) -> str:
+    """Build (first use) or load one build (default :func:`isa`); registers torch.ops.btlib_cpu_<isa>.*.
+
+    Returns the build info line. Raises RuntimeError with the compiler's message if the build fails;
+    afterwards :func:`available` reports the failure, so ``backend="auto"`` moves on to PyTorch's kernels.
     """
-    if "info" in _state:
-        return _state["info"]
+    isa_ = isa or globals()["isa"]()
+    if isa_ not in _FLAGS:
+        raise ValueError(f"isa must be one of {', '.join(_FLAGS)}; got {isa_!r}")
+    if f"info {isa_}" in _state:
+        return _state[f"info {isa_}"]
     why = available()
     if why:
         raise RuntimeError(f"btlib C++ attention kernels unavailable: {why}")
     from torch.utils import cpp_extension
 
-    if _needs_build():
-        print(f"btlib: compiling C++ attention kernels ({isa()}) into {build_directory()} - once, about 30 s ...",
+    if _needs_build(isa_):
+        print(f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ...",
               file=sys.stderr, flush=True)
-    flags = ["-O3", "-fopenmp", "-std=c++17", *_FLAGS[isa()]]
+    flags = ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS=btlib_cpu_{isa_}", *_thread_flags(), *_FLAGS[isa_]]
     try:
-        cpp_extension.load(name=_name(), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=_name(isa_), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=_thread_flags(),
                            extra_include_paths=[str(HERE)], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
-        _state["error"] = f"building the C++ kernels failed ({type(e).__name__}); see the first error for the compiler output"
+        if isa_ == globals()["isa"]():  # the registered kernels' build: backend="auto" falls back from now on
+            _state["error"] = f"building the C++ kernels failed ({type(e).__name__}); see the first error for the compiler output"
         raise RuntimeError(
             f"btlib: building the C++ attention kernels failed: {e}\n"
             "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
             "backend='torch_sdpa' or 'reference' choose one explicitly."
         ) from e
-    _state["info"] = torch.ops.btlib_cpu.build_info()
-    return _state["info"]
+    _state[f"info {isa_}"] = getattr(torch.ops, f"btlib_cpu_{isa_}").build_info()
+    return _state[f"info {isa_}"]
+
+
+def ops(isa: str | None = None):
+    """torch.ops.btlib_cpu_<isa>: the ops of one build (default :func:`isa`), loaded on first use."""
+    isa_ = isa or globals()["isa"]()
+    load(isa_)
+    return getattr(torch.ops, f"btlib_cpu_{isa_}")
 
 
 def timed_load() -> tuple[str, float]:

@@ -1,7 +1,7 @@
 """Typed wrappers of the C++ CPU kernels (attention.cpp), and their registry entries.
 
-Each wrapper builds the library on its first call (build.load), fills in the default scale and
-calls ``torch.ops.btlib_cpu.<op>``. Shapes:
+Each wrapper builds the library on its first call (build.ops), fills in the default scale and
+calls ``torch.ops.btlib_cpu_<isa>.<op>`` of the build :func:`build.isa` picks. Shapes:
 
     attention_v1/v2/v3(q, k, v, *, lengths=None, causal=False, scale=None)
         q: (B, H, T, D); k, v: (B, H, S, D); lengths: (B,) int, <= min(T, S) -> (B, H, T, D)
@@ -26,7 +26,7 @@ from . import build
 
 __all__ = ["attention_v1", "attention_v2", "attention_v3", "varlen_attention_v3", "MAX_HEAD_DIM"]
 
-MAX_HEAD_DIM = 256  # kMaxD in attention.cpp
+MAX_HEAD_DIM = 256  # kMaxD in core.h
 
 
 def _scale(q: Tensor, scale: float | None) -> float:
@@ -36,29 +36,25 @@ def _scale(q: Tensor, scale: float | None) -> float:
 def attention_v1(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                  scale: float | None = None) -> Tensor:
     """v1: materialise S = Q K^T (T x S per (b, h)), softmax, P V. (B, H, T, D) float32."""
-    build.load()
-    return torch.ops.btlib_cpu.attention_v1(q, k, v, lengths, causal, _scale(q, scale))
+    return build.ops().attention_v1(q, k, v, lengths, causal, _scale(q, scale))
 
 
 def attention_v2(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                  scale: float | None = None) -> Tensor:
     """v2: Br x Bc tiles, two passes over K (max, then exp-sum and P V). (B, H, T, D) float32."""
-    build.load()
-    return torch.ops.btlib_cpu.attention_v2(q, k, v, lengths, causal, _scale(q, scale))
+    return build.ops().attention_v2(q, k, v, lengths, causal, _scale(q, scale))
 
 
 def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                  scale: float | None = None) -> Tensor:
-    """v3: one pass, online softmax, SIMD micro-kernels, OpenMP over (b, h, query block). (B, H, T, D) fp32/bf16."""
-    build.load()
-    return torch.ops.btlib_cpu.attention_v3(q, k, v, lengths, causal, _scale(q, scale))
+    """v3: one pass, online softmax, SIMD micro-kernels, threads over (b, h, query block). (B, H, T, D) fp32/bf16."""
+    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale))
 
 
 def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
                         scale: float | None = None) -> Tensor:
     """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2)."""
-    build.load()
-    return torch.ops.btlib_cpu.varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
+    return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
 
 
 _F32 = (torch.float32,)
@@ -70,6 +66,6 @@ register(Kernel("cpu_naive_v1", "padded", attention_v1, dtypes=_F32, priority=-5
 register(Kernel("cpu_tiled_v2", "padded", attention_v2, dtypes=_F32, priority=-40,
                 description="C++ v2: key/value tiles, two passes over K (plain loops)", **_common))
 register(Kernel("cpu_flash_v3", "padded", attention_v3, dtypes=_F32_BF16, priority=10,
-                description="C++ v3: one-pass online softmax, SIMD micro-kernels, OpenMP over (b, h, block)", **_common))
+                description="C++ v3: one-pass online softmax, SIMD micro-kernels, threads over (b, h, block)", **_common))
 register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, dtypes=_F32_BF16, priority=10,
                 description="C++ v3 on packed tokens + cu_seqlens: no work on padding", **_common))

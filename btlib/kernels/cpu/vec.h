@@ -1,11 +1,16 @@
 // vec.h: the one SIMD vector type the CPU attention kernels are written against.
 //
-// Three builds of the same kernel source, chosen by the compiler flags btlib passes (build.py):
+// One kernel source, four builds, chosen by the compiler flags btlib passes (build.py):
 //   AVX-512  W = 16 floats, 32 zmm registers: micro-tiles of kR = 6 rows x kNV = 4 vectors
-//   AVX2+FMA W = 8 floats, 16 ymm registers:  kR = 4 rows x kNV = 2 vectors
+//   AVX2+FMA W = 8 floats, 16 ymm registers:  kR = 6 rows x kNV = 2 vectors
+//   NEON     W = 4 floats, 32 q registers:    kR = 6 rows x kNV = 4 vectors (aarch64, Apple M*)
 //   portable W = 8 floats as plain arrays (the compiler vectorises what it can): 4 x 2
 // A micro-tile keeps kR * kNV accumulators plus kNV loaded vectors and one broadcast in
-// registers: 6 * 4 + 4 + 1 = 29 of 32 zmm; 4 * 2 + 2 + 1 = 11 of 16 ymm.
+// registers: 6 * 4 + 4 + 1 = 29 of 32 (zmm, q); 6 * 2 + 2 + 1 = 15 of 16 ymm (as AVX2 sgemms do).
+//
+// NaN: vexp2 must return NaN for a NaN input (a NaN score makes its softmax row NaN, as in the
+// reference). max instructions drop NaN in one operand, so the clamp puts x second: x86 maxps
+// returns its second operand when either is NaN; NEON fmax returns NaN.
 #pragma once
 
 #include <cmath>
@@ -18,6 +23,9 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define BTLIB_VEC_AVX2 1
+#elif defined(__aarch64__) || defined(_M_ARM64)
+#include <arm_neon.h>
+#define BTLIB_VEC_NEON 1
 #endif
 
 namespace btlib_vec {
@@ -52,7 +60,7 @@ inline vf vkeep_first(vf x, int n, float fill) {
 // 2^x for x <= 0: n = round(x), 2^(x - n) by polynomial, then scalef multiplies by 2^n
 // (and flushes x < -150, including -inf, to 0).
 inline vf vexp2(vf x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
   const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vf f = _mm512_sub_ps(x, n);
   vf p = _mm512_set1_ps(kExp2Coef[7]);
@@ -62,7 +70,7 @@ inline vf vexp2(vf x) {
 
 #elif defined(BTLIB_VEC_AVX2)
 constexpr const char* kIsa = "avx2";
-constexpr int W = 8, kR = 4, kNV = 2;
+constexpr int W = 8, kR = 6, kNV = 2;
 using vf = __m256;
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
@@ -91,15 +99,47 @@ inline vf vkeep_first(vf x, int n, float fill) {
   return _mm256_blendv_ps(_mm256_set1_ps(fill), x, keep);
 }
 // 2^x for x <= 0; 2^n is built in the exponent bits, so x is clamped at -126 (2^-126 ~ 1e-38,
-// which the masks then replace by an exact 0 where a key is not allowed).
+// which the masks then replace by an exact 0 where a key is not allowed). A NaN x gives a NaN
+// polynomial; the exponent bits of the integer-indefinite n do not matter then.
 inline vf vexp2(vf x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+  x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);
   const vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vf f = _mm256_sub_ps(x, n);
   vf p = _mm256_set1_ps(kExp2Coef[7]);
   for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Coef[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#elif defined(BTLIB_VEC_NEON)
+constexpr const char* kIsa = "neon";
+constexpr int W = 4, kR = 6, kNV = 4;
+using vf = float32x4_t;
+inline vf vload(const float* p) { return vld1q_f32(p); }
+inline void vstore(float* p, vf x) { vst1q_f32(p, x); }
+inline vf vset1(float a) { return vdupq_n_f32(a); }
+inline vf vzero() { return vdupq_n_f32(0.0f); }
+inline vf vfma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }  // c + a * b, one rounding
+inline vf vmul(vf a, vf b) { return vmulq_f32(a, b); }
+inline vf vadd(vf a, vf b) { return vaddq_f32(a, b); }
+inline vf vsub(vf a, vf b) { return vsubq_f32(a, b); }
+inline vf vmax(vf a, vf b) { return vmaxq_f32(a, b); }
+inline float vhmax(vf a) { return vmaxvq_f32(a); }
+inline float vhsum(vf a) { return vaddvq_f32(a); }
+inline vf vkeep_first(vf x, int n, float fill) {
+  const float lanes[4] = {0, 1, 2, 3};
+  const uint32x4_t keep = vcltq_f32(vld1q_f32(lanes), vdupq_n_f32(float(n)));
+  return vbslq_f32(keep, x, vdupq_n_f32(fill));
+}
+// 2^x for x <= 0, as on AVX2: polynomial times 2^n built in the exponent bits, x clamped at -126.
+inline vf vexp2(vf x) {
+  x = vmaxq_f32(vdupq_n_f32(-126.0f), x);
+  const vf n = vrndnq_f32(x);
+  const vf f = vsubq_f32(x, n);
+  vf p = vdupq_n_f32(kExp2Coef[7]);
+  for (int i = 6; i >= 0; --i) p = vfmaq_f32(vdupq_n_f32(kExp2Coef[i]), p, f);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
 #else

@@ -1,0 +1,93 @@
+// core.h: what every version shares, with no torch in it (core_check.cpp builds it alone).
+//   - Br, Bc, kMaxD; bf16, an element type with at::BFloat16's bits and rounding;
+//   - Problem: one attention call (padded or varlen), strides in elements;
+//   - for_tasks: the thread-pool hook. The kernels take a parallel_for(n, f) callable that runs
+//     f(begin, end) over [0, n) on the caller's pool (attention.cpp passes at::parallel_for);
+//     tasks are handed out by an atomic counter, in chunks, so uneven work still balances.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "vec.h"
+
+namespace btlib_core {
+
+using namespace btlib_vec;
+
+constexpr int64_t Br = 64;      // query rows per block (v2, v3)
+constexpr int64_t Bc = 64;      // keys per block; a multiple of kNV * W in every build
+constexpr int64_t kMaxD = 256;  // head_dim limit (buffers are sized by it)
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(Bc % (kNV * W) == 0, "a key block must be whole micro-tiles");
+
+// bfloat16: the top 16 bits of a float. float -> bf16 rounds to nearest, ties to even, and NaN
+// becomes the quiet NaN 0x7FC0: bit for bit what c10::BFloat16 does, so the torch binding can
+// reinterpret at::BFloat16* as bf16*.
+struct bf16 {
+  uint16_t x;
+};
+inline float to_float(float a) { return a; }
+inline float to_float(bf16 a) {
+  const uint32_t u = uint32_t(a.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T> T from_float(float f);
+template <> inline float from_float<float>(float f) { return f; }
+template <> inline bf16 from_float<bf16>(float f) {
+  if (std::isnan(f)) return bf16{0x7FC0};
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return bf16{uint16_t((u + ((u >> 16) & 1) + 0x7FFF) >> 16)};
+}
+
+// One attention problem. Padded: (B, H, T, D) tensors, lengths optional. Varlen: (total, H, D)
+// tensors, batch stride 0 and sequence b starting at row cu_seqlens[b]. Strides in elements.
+struct Problem {
+  int64_t B, H, D, Tq, Tk;
+  int64_t qs[3], ks[3], vs[3], os[3];  // strides of (batch, head, row); head_dim is contiguous
+  const int64_t* lengths = nullptr;
+  const int32_t* cu_seqlens = nullptr;
+  bool causal = false;
+  float scale = 1.0f;
+
+  int64_t row0(int64_t b) const { return cu_seqlens ? cu_seqlens[b] : 0; }
+  int64_t len_q(int64_t b) const { return cu_seqlens ? cu_seqlens[b + 1] - cu_seqlens[b] : lengths ? lengths[b] : Tq; }
+  int64_t len_k(int64_t b) const { return cu_seqlens ? cu_seqlens[b + 1] - cu_seqlens[b] : lengths ? lengths[b] : Tk; }
+  // keys query row i may attend: the causal mask is a prefix of the real keys
+  int64_t keys_of_row(int64_t b, int64_t i) const { return causal ? std::min(len_k(b), i + 1) : len_k(b); }
+  // rows of the output that belong to sequence b: padded rows t >= len_q are written as 0
+  int64_t rows_out(int64_t b) const { return cu_seqlens ? len_q(b) : Tq; }
+  template <typename T> T* at(T* x, const int64_t* s, int64_t b, int64_t h, int64_t t) const {
+    return x + b * s[0] + h * s[1] + (row0(b) + t) * s[2];
+  }
+};
+
+template <typename T>
+void zero_rows(const Problem& p, T* o, int64_t b, int64_t h, int64_t from, int64_t to) {
+  for (int64_t t = from; t < to; ++t) std::fill_n(p.at(o, p.os, b, h, t), p.D, from_float<T>(0.0f));
+}
+
+// n tasks on `threads` workers through parallel_for: each worker makes its own Local (buffers)
+// and takes chunks of `chunk` consecutive tasks from a shared counter until none is left. A pool
+// that runs fewer workers than asked, or runs them one after another, still runs every task once.
+template <typename Local, typename ParallelFor, typename Body>
+void for_tasks(ParallelFor&& parallel_for, int threads, int64_t n, int64_t chunk, Body&& body) {
+  std::atomic<int64_t> next{0};
+  parallel_for(int64_t(std::max(threads, 1)), [&](int64_t, int64_t) {
+    Local local;
+    for (int64_t c; (c = next.fetch_add(chunk)) < n;)
+      for (int64_t t = c; t < std::min(n, c + chunk); ++t) body(t, local);
+  });
+}
+
+// parallel_for for callers without a pool: runs everything on the calling thread.
+struct SerialFor {
+  template <typename F> void operator()(int64_t n, F&& f) const { f(0, n); }
+};
+
+}  // namespace btlib_core

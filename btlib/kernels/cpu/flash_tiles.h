@@ -1,0 +1,140 @@
+// flash_tiles.h: v3's per-thread workspace and its fp32 SIMD micro-kernels (vec.h).
+//
+// F32Path is how v3 (flash.h) computes S = Q K^T and O += P V in fp32: K^T and V are packed
+// once per (b, h) per thread, then register-blocked micro-tiles of kR rows x kNV vectors do both
+// products. bf16 inputs take this path too where the CPU has no AVX512_BF16 (converted while
+// packing); flash_bf16dot.h is the path for CPUs that have it.
+#pragma once
+
+#include <type_traits>
+#include <vector>
+
+#include "core.h"
+
+namespace btlib_core {
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Per-thread buffers. K^T and V of the (b, h) last packed are kept: consecutive tasks of a
+// thread are mostly query blocks of the same (b, h), which then skip the packing.
+struct Workspace {
+  int64_t packed = -1;    // b * H + h of the packed K^T / V, -1 for none
+  std::vector<float> kt;  // K^T in key blocks: [ceil(Lk / Bc)][D][Bc], zero beyond Lk
+  std::vector<float> vp;  // V: [ceil(Lk / Bc) * Bc][Dp], zero beyond Lk and D
+  std::vector<float> qs;  // Q block * scale * log2(e): [Br][D]
+  std::vector<float> S;   // scores, then P, of one tile: [Br][Bc]
+  std::vector<float> O;   // unnormalised output of the query block: [Br][Dp]
+  float m[Br], l[Br], alpha[Br];
+  float qk_scale = 1.0f;  // scale * log2(e), applied to S on the bf16 path
+  // bf16 dot-product path: K^T [ceil(Lk / Bc)][D2 / 2][Bc][2], V [ceil(Lk / Bc) * Bc / 2][Dp][2],
+  // Q [Br][D2 / 2] pairs, P [Br][Bc]: pairs along the summed dimension, as vdpbf16ps reads them.
+  std::vector<uint16_t> kt2, vp2, q2, p2;
+};
+
+// Calls f(std::integral_constant<int, R>) for a runtime R in [1, kR].
+template <typename F>
+inline void with_rows(int64_t R, F&& f) {
+  static_assert(kR <= 6, "with_rows covers up to 6 rows");
+  switch (R) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    default: f(std::integral_constant<int, 6>{}); break;
+  }
+}
+
+// S[R][kNV * W] = Q[R][D] K^T[D][kNV * W]: R * kNV accumulators in registers, one broadcast of
+// Q and kNV loads of K^T per d: 2 R kNV W flops per (R + kNV) loads.
+template <int R>
+inline void qk_tile(const float* q, int64_t D, const float* kt, float* S) {
+  vf acc[R][kNV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kNV; ++c) acc[r][c] = vzero();
+  for (int64_t d = 0; d < D; ++d) {
+    vf kv[kNV];
+    for (int c = 0; c < kNV; ++c) kv[c] = vload(kt + d * Bc + c * W);
+    for (int r = 0; r < R; ++r) {
+      const vf qv = vset1(q[r * D + d]);
+      for (int c = 0; c < kNV; ++c) acc[r][c] = vfma(qv, kv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kNV; ++c) vstore(S + r * Bc + c * W, acc[r][c]);
+}
+
+// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W]: the rescale by alpha is folded into
+// loading the accumulators, so O is read and written once per key block.
+template <int R, int NV>
+inline void pv_tile(const float* P, int64_t nk, const float* v, int64_t Dp, const float* alpha, float* O) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    const vf a = vset1(alpha[r]);
+    for (int c = 0; c < NV; ++c) acc[r][c] = vmul(vload(O + r * Dp + c * W), a);
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    vf vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = vload(v + j * Dp + c * W);
+    for (int r = 0; r < R; ++r) {
+      const vf pv = vset1(P[r * Bc + j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = vfma(pv, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) vstore(O + r * Dp + c * W, acc[r][c]);
+}
+
+// pv_tile across the padded head_dim Dp: whole kNV-vector tiles, then a 1..kNV-1 vector rest.
+template <int R, typename Tile>
+inline void across_d(int64_t Dp, Tile&& tile) {
+  static_assert(kNV <= 4, "across_d covers up to 4 vectors");
+  int64_t c = 0;
+  for (; c + kNV * W <= Dp; c += kNV * W) tile(c, std::integral_constant<int, kNV>{});
+  switch ((Dp - c) / W) {
+    case 1: tile(c, std::integral_constant<int, 1>{}); break;
+    case 2: tile(c, std::integral_constant<int, 2>{}); break;
+    case 3: tile(c, std::integral_constant<int, 3>{}); break;
+    default: break;
+  }
+}
+
+template <typename T>
+struct F32Path {
+  static void pack_kv(const Problem& p, const T* k, const T* v, int64_t b, int64_t h, int64_t Dp, Workspace& ws) {
+    const int64_t D = p.D, Lk = p.len_k(b), Tp = round_up(Lk, Bc);
+    ws.kt.assign(Tp * D, 0.0f);
+    ws.vp.assign(Tp * Dp, 0.0f);
+    for (int64_t j = 0; j < Lk; ++j) {
+      const T* kj = p.at(k, p.ks, b, h, j);
+      const T* vj = p.at(v, p.vs, b, h, j);
+      float* kt = ws.kt.data() + (j / Bc) * D * Bc + j % Bc;
+      for (int64_t d = 0; d < D; ++d) kt[d * Bc] = to_float(kj[d]);
+      for (int64_t d = 0; d < D; ++d) ws.vp[j * Dp + d] = to_float(vj[d]);
+    }
+  }
+  // Q * scale * log2(e): the softmax runs in base 2, exp(x) = 2^(x log2 e)
+  static void pack_q(const Problem& p, const T* q, int64_t b, int64_t h, int64_t q0, int64_t nq, Workspace& ws) {
+    const float c = p.scale * kLog2e;
+    ws.qs.resize(Br * p.D);
+    for (int64_t i = 0; i < nq; ++i) {
+      const T* qi = p.at(q, p.qs, b, h, q0 + i);
+      for (int64_t d = 0; d < p.D; ++d) ws.qs[i * p.D + d] = to_float(qi[d]) * c;
+    }
+  }
+  // S rows [i0, i0 + R) for the nk keys of block j0
+  template <int R>
+  static void qk(Workspace& ws, int64_t D, int64_t i0, int64_t j0, int64_t nk) {
+    const float* kt = ws.kt.data() + j0 * D;  // key block j0 / Bc: [D][Bc]
+    for (int64_t c = 0; c < nk; c += kNV * W) qk_tile<R>(ws.qs.data() + i0 * D, D, kt + c, ws.S.data() + i0 * Bc + c);
+  }
+  static void store_p(Workspace&, int64_t, int64_t) {}  // P V reads P from S, in fp32
+  template <int R>
+  static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t nk) {
+    across_d<R>(Dp, [&](int64_t c, auto NV) {
+      pv_tile<R, NV()>(ws.S.data() + i0 * Bc, nk, ws.vp.data() + j0 * Dp + c, Dp, ws.alpha + i0, ws.O.data() + i0 * Dp + c);
+    });
+  }
+};
+
+}  // namespace btlib_core
