@@ -123,3 +123,23 @@ def test_bf16_benchmark_providers_skip_where_bf16_is_slow(fresh, monkeypatch):
     assert "not native" in enc.available() and "GFLOP/s" in enc.available()
     monkeypatch.delenv("BTLIB_ASSUME_NO_BF16")
     assert (enc.available() is None) == (device.bf16_slow_reason() is None)
+
+
+def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch):
+    """bf16 into the C++ kernels on a build without vdpbf16ps: runs (converted to fp32), warns once, says so."""
+    from btlib.kernels.cpu import ops
+
+    if btlib.kernels.get("cpu_flash_v3").available():
+        pytest.skip("no C++ compiler")
+    monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
+    monkeypatch.setattr(ops, "_warned_bf16", [])
+    q = torch.randn(1, 2, 9, 16).bfloat16()
+    with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = btlib.attention(q, q, q, backend="cpu_flash_v3")
+        btlib.varlen_attention(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1),
+                               torch.tensor([0, 9], dtype=torch.int32), 9, backend="cpu_flash_varlen")
+    slow = [w for w in caught if issubclass(w.category, btlib.SlowPrecisionWarning)]
+    assert len(slow) == 1 and "converted to fp32" in str(slow[0].message) and "BTLIB_ASSUME_NO_BF16" in str(slow[0].message)
+    ref = btlib.reference_attention(q.float(), q.float(), q.float())
+    assert btlib.kernels.relative_error(first.float(), ref) < 2e-2

@@ -20,7 +20,6 @@ from btlib.kernels import kernels, registry, relative_error
 
 FAST = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
-NAN_IN_CPP = pytest.mark.xfail(strict=False, reason="C++ NaN propagation lands with the kernel work")
 
 
 def _here(layout):
@@ -30,10 +29,6 @@ def _here(layout):
 
 PADDED = ["auto"] + _here("padded")
 VARLEN = ["auto"] + _here("varlen")
-
-
-def _is_cpp(name):
-    return name != "auto" and registry.get(name).backend == "cpp"
 
 
 def _tol(name, layout, x):
@@ -170,7 +165,7 @@ def _touched(case, where, value):
     return touched, must
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=NAN_IN_CPP) if _is_cpp(n) or n == "auto" else n for n in PADDED])
+@pytest.mark.parametrize("name", PADDED)
 @FAST
 @given(p=poisoned(real=True))
 def test_nan_inf_in_a_real_position_propagates(name, p):

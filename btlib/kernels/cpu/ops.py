@@ -17,6 +17,7 @@ elsewhere bf16 is converted to fp32 while packing. The output is rounded to bf16
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -31,6 +32,29 @@ MAX_HEAD_DIM = 256  # kMaxD in core.h
 
 def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+_warned_bf16: list[str] = []  # the build already warned about, once per process
+
+
+def _check_bf16(q: Tensor) -> None:
+    """Warn once when bf16 inputs reach a build without bf16 dot products: they then run at the fp32 rate."""
+    if q.dtype != torch.bfloat16 or _warned_bf16:
+        return
+    isa = build.isa()
+    from ...hardware import bf16_native
+
+    native, why = bf16_native()
+    if isa == "avx512bf16" and native:
+        return
+    _warned_bf16.append(isa)
+    from ...device import SlowPrecisionWarning
+
+    reason = why if not native else f"the {isa} build was chosen (BTLIB_CPU_ISA)"
+    warnings.warn(SlowPrecisionWarning(
+        f"btlib's C++ attention in bf16 on the {isa} build: {reason}, so bf16 inputs are converted to fp32 "
+        "while packing and run at the fp32 rate plus the conversion, no faster than fp32. It runs as asked; "
+        "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=3)
 
 
 def attention_v1(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
@@ -48,12 +72,14 @@ def attention_v2(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = No
 def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                  scale: float | None = None) -> Tensor:
     """v3: one pass, online softmax, SIMD micro-kernels, threads over (b, h, query block). (B, H, T, D) fp32/bf16."""
+    _check_bf16(q)
     return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale))
 
 
 def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
                         scale: float | None = None) -> Tensor:
     """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2)."""
+    _check_bf16(q)
     return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
 
 
