@@ -127,12 +127,10 @@ def test_bf16_benchmark_providers_skip_where_bf16_is_slow(fresh, monkeypatch):
 
 def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch):
     """bf16 into the C++ kernels on a build without vdpbf16ps: runs (converted to fp32), warns once, says so."""
-    from btlib.kernels.cpu import ops
-
     if btlib.kernels.get("cpu_flash_v3").available():
         pytest.skip("no C++ compiler")
     monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
-    monkeypatch.setattr(ops, "_warned_bf16", [])
+    monkeypatch.setattr(device, "_warned", set())
     q = torch.randn(1, 2, 9, 16).bfloat16()
     with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -34,12 +34,15 @@ def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-_warned_bf16: list[str] = []  # the build already warned about, once per process
-
-
 def _check_bf16(q: Tensor) -> None:
-    """Warn once when bf16 inputs reach a build without bf16 dot products: they then run at the fp32 rate."""
-    if q.dtype != torch.bfloat16 or _warned_bf16:
+    """Warn once when bf16 inputs reach a build without bf16 dot products: they then run at the fp32 rate.
+
+    Silent if btlib already warned about bf16 in this process (PackedEncoder and encode() warn about
+    the slower matmuls, which matter more than this).
+    """
+    from ... import device
+
+    if q.dtype != torch.bfloat16 or device._warned:
         return
     isa = build.isa()
     from ...hardware import bf16_native
@@ -47,11 +50,10 @@ def _check_bf16(q: Tensor) -> None:
     native, why = bf16_native()
     if isa == "avx512bf16" and native:
         return
-    _warned_bf16.append(isa)
-    from ...device import SlowPrecisionWarning
+    device._warned.add("C++ attention")
 
     reason = why if not native else f"the {isa} build was chosen (BTLIB_CPU_ISA)"
-    warnings.warn(SlowPrecisionWarning(
+    warnings.warn(device.SlowPrecisionWarning(
         f"btlib's C++ attention in bf16 on the {isa} build: {reason}, so bf16 inputs are converted to fp32 "
         "while packing and run at the fp32 rate plus the conversion, no faster than fp32. It runs as asked; "
         "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=3)
