@@ -1,5 +1,6 @@
-"""Attention kernels: the registry, PyTorch's own kernels, and btlib's CPU and GPU kernels."""
+"""Attention kernels: the registry, PyTorch's own kernels, btlib's CPU and GPU kernels, and the one check."""
 
-from .registry import Kernel, get, kernels, register, relative_error, select
+from .check import CheckResult, check
+from .registry import CpuRun, Kernel, get, kernels, register, relative_error, select
 
-__all__ = ["Kernel", "get", "kernels", "register", "relative_error", "select"]
+__all__ = ["Kernel", "CpuRun", "CheckResult", "check", "get", "kernels", "register", "relative_error", "select"]

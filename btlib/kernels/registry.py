@@ -31,7 +31,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "register", "get", "kernels", "select", "needs_grad", "relative_error"]
+__all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -40,10 +40,27 @@ Layout = Literal["padded", "varlen"]
 # few ulps (1.2e-7 each) times sqrt(length), well below 1e-5 for T <= 4096.
 FP32_TOL = 1e-5
 # Low precision: a kernel's error against the fp32 reference may be at most this multiple of
-# PyTorch's own SDPA error in the same dtype (STYLE.md).
+# PyTorch's own SDPA error in the same dtype on the same inputs: the rounding of fp16/bf16
+# inputs and outputs alone costs ~1e-3 (bf16: 8 mantissa bits), which no fixed bound tracks.
 LOW_PRECISION_FACTOR = 2.0
+EXACT = (torch.float32, torch.float64)  # the dtypes held to FP32_TOL
+_ULP32 = 1.2e-7  # floor of a low-precision tolerance: SDPA can round a tiny case exactly
 
 _PROVIDERS = ("btlib.kernels.torch_ops", "btlib.kernels.cpu", "btlib.kernels.gpu")
+
+
+@dataclass(frozen=True)
+class CpuRun:
+    """How a GPU kernel's own source runs on CPU tensors, so its check needs no GPU.
+
+    how: "interpreter": ``Kernel.fn`` itself under TRITON_INTERPRET=1, which must be set before
+        triton is imported (a fresh process); "emulator": ``fn`` runs the source on CPU threads.
+    available: None if this run is possible here, else why not.
+    """
+
+    how: Literal["interpreter", "emulator"]
+    available: Callable[[], str | None]
+    fn: Callable[..., Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,10 @@ class Kernel:
     priority: ``backend="auto"`` picks the available kernel with the highest priority.
     differentiable: autograd can differentiate ``fn`` (it is built from PyTorch ops); False for
         compiled kernels, whose output is detached from q, k, v.
+    reference: the oracle ``fn`` is checked against, with ``fn``'s signature; defaults to the
+        layout's (btlib.reference_attention, btlib.reference_varlen_attention).
+    tol: the fp32/fp64 tolerance; low precision follows :meth:`tolerance`.
+    cpu_run: how to check this GPU kernel's source on a machine without a GPU (None: not possible).
     """
 
     name: str
@@ -64,13 +85,29 @@ class Kernel:
     devices: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...]
     description: str
-    reference: str = "reference_attention"
+    reference: Callable[..., Tensor] | None = None
     tol: float = FP32_TOL
     priority: int = 0
     causal: bool = True
     max_head_dim: int | None = None
     available: Callable[[], str | None] = field(default=lambda: None)
     differentiable: bool = False
+    cpu_run: CpuRun | None = None
+
+    def __post_init__(self):
+        if self.reference is None:
+            from ..reference import reference_attention, reference_varlen_attention
+
+            object.__setattr__(self, "reference", reference_attention if self.layout == "padded" else reference_varlen_attention)
+
+    def tolerance(self, dtype: torch.dtype, sdpa_error: float | None = None) -> float:
+        """The largest relative error allowed in ``dtype``: ``tol`` for fp32/fp64; for fp16/bf16
+        LOW_PRECISION_FACTOR x ``sdpa_error``, PyTorch's SDPA error on the same inputs in that dtype."""
+        if dtype in EXACT:
+            return self.tol
+        if sdpa_error is None:
+            raise ValueError(f"a {dtype} tolerance is relative to PyTorch's SDPA error in {dtype}: pass sdpa_error")
+        return max(LOW_PRECISION_FACTOR * sdpa_error, _ULP32)
 
     def supports(self, x: Tensor, causal: bool = False, needs_grad: bool = False) -> str | None:
         """None if this kernel takes these inputs (and, with ``needs_grad``, can backpropagate), else why not."""

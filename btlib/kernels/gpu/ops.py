@@ -22,8 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..registry import Kernel, register
-from . import build
+from ..registry import CpuRun, Kernel, register
+from . import build, emulate
 
 __all__ = ["triton_attention", "triton_varlen_attention", "cuda_attention", "cuda_varlen_attention",
            "triton_available", "cuda_available", "MAX_HEAD_DIM", "DTYPES"]
@@ -91,8 +91,14 @@ def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, m
     return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
 
 
+def _interpreter_available() -> str | None:
+    return None if _triton_installed() else "needs triton, which has wheels for Linux x86_64 only"
+
+
+# Without a GPU the checks still run each kernel's own source: Triton's in its interpreter, the
+# CUDA kernel's on CPU threads (emulate.py).
 _triton = dict(backend="triton", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-5,
-               available=triton_available)
+               available=triton_available, cpu_run=CpuRun("interpreter", _interpreter_available))
 _cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-20,
              available=cuda_available)
 
@@ -103,6 +109,7 @@ register(Kernel("triton_flash_varlen", "varlen", triton_varlen_attention,
                 description="Triton FlashAttention forward on packed tokens + cu_seqlens: no work on padding", **_triton))
 register(Kernel("cuda_flash", "padded", cuda_attention,
                 description="CUDA C++ FlashAttention forward: one thread per query row, K/V tiles in shared memory (FMA, no tensor cores)",
-                **_cuda))
+                cpu_run=CpuRun("emulator", emulate.available, emulate.emulated_attention), **_cuda))
 register(Kernel("cuda_flash_varlen", "varlen", cuda_varlen_attention,
-                description="CUDA C++ FlashAttention forward on packed tokens + cu_seqlens", **_cuda))
+                description="CUDA C++ FlashAttention forward on packed tokens + cu_seqlens",
+                cpu_run=CpuRun("emulator", emulate.available, emulate.emulated_varlen_attention), **_cuda))
