@@ -63,7 +63,8 @@ def varlen_attention(
     Args:
         q, k, v: (total, H, D), total = cu_seqlens[-1].
         cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
-        max_seqlen: the longest sequence (sizes the kernel's tiles).
+        max_seqlen: >= the longest sequence. GPU kernels size their grid by it (reading the lengths
+            from the device would sync); the CPU kernels read cu_seqlens directly and only check it.
         causal, scale, backend: as in :func:`attention` (kernels from ``kernels("varlen")``).
 
     Returns:

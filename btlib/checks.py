@@ -56,9 +56,6 @@ def check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max
     _check_common(q, k, v, 3, "varlen")
     if k.shape != q.shape:
         raise ValueError(f"varlen self-attention needs q, k, v of one shape (total, H, D); got {tuple(q.shape)}, {tuple(k.shape)}")
-    check_cu_seqlens(cu_seqlens, total=q.shape[0])
-    if cu_seqlens.device != q.device:
+    if isinstance(cu_seqlens, Tensor) and cu_seqlens.device != q.device:
         raise ValueError(f"cu_seqlens must be on q's device ({q.device}); got {cu_seqlens.device}")
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-    if int(max_seqlen) < longest:
-        raise ValueError(f"max_seqlen={max_seqlen} is less than the longest sequence ({longest}); pass max(lengths)")
+    check_cu_seqlens(cu_seqlens, total=q.shape[0], max_seqlen=max_seqlen)

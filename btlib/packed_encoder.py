@@ -10,14 +10,20 @@ Every layer works on the ``total = sum(lengths)`` real tokens only:
     x   = LayerNorm(x + W_2 act(W_1 x + b_1))       4 d d_ff
 
 so linear layers cost sum(L) instead of B*T, and attention sum(L_i^2) instead of B*T^2.
-PyTorch's nested path gets the first saving but not the second: it re-pads for attention
-(FACTS.md). Post-LN and pre-LN (norm_first) layers, ReLU, GELU or any callable activation,
+PyTorch's nested path gets the first saving but not the second: its fastpath attention
+(torch._transformer_encoder_layer_fwd) converts the nested q, k, v back to padded tensors.
+Post-LN and pre-LN (norm_first) layers, ReLU, GELU or any callable activation,
 with or without a final norm.
 
 This module is for inference and runs the module exactly as its PyTorch forward would (with the
 fastpath off), or refuses by name: dropout is not applied, so a layer in training mode with
 dropout > 0 raises in forward; there is no backward through the C++ attention kernels.
 batch_first=False layers take and return (T, B, d) as PyTorch does.
+
+Checks and kernel choice happen once per call, at the entry point (``forward`` checks lengths,
+``forward_packed`` checks cu_seqlens), and the attention kernel is selected once for all layers:
+below that the layers call the kernel with trusted arguments. On CUDA every scalar read of a check
+is a host sync, so per-layer checks would cost 12 syncs (and 12 registry look-ups) per forward.
 
 Precision: the module's own dtype by default; ``precision="auto"`` takes bf16 only where this
 CPU runs it natively and measured faster (btlib.device.choose_precision); an explicit bf16
@@ -32,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import varlen_attention
-from .padding import pack, padding_mask_to_lengths, unpack
+from .kernels import registry
+from .kernels.registry import Kernel
+from .padding import _pack, _unpack, check_cu_seqlens, check_lengths, padding_mask_to_lengths
 
 __all__ = ["PackedEncoder"]
 
@@ -154,32 +161,52 @@ class PackedEncoder(nn.Module):
         if not self.batch_first:
             src = src.transpose(0, 1)  # (T, B, d) -> (B, T, d), a view
         B, T = src.shape[:2]
-        if lengths is None:
+        if lengths is None:  # lengths from a mask or from T are valid by construction
             lengths = padding_mask_to_lengths(src_key_padding_mask) if src_key_padding_mask is not None else \
                 torch.full((B,), T, dtype=torch.int64)
-        tokens, cu_seqlens, max_seqlen = pack(src, lengths)  # pack once: (total, d)
-        out = self.forward_packed(tokens.to(self.layers[0].linear1.weight.dtype), cu_seqlens, max_seqlen)
-        out = unpack(out.to(src.dtype), cu_seqlens, T)  # unpack once, zeros at padding: (B, T, d)
+        else:
+            check_lengths(lengths, T=T, B=B)  # the one check of this call
+        lengths = lengths.to(src.device)
+        tokens, cu_seqlens, max_seqlen = _pack(src, lengths)  # pack once: (total, d)
+        out = self._layers(tokens.to(self.layers[0].linear1.weight.dtype), cu_seqlens, max_seqlen)
+        out = _unpack(out.to(src.dtype), lengths, T)  # unpack once, zeros at padding: (B, T, d)
         return out if self.batch_first else out.transpose(0, 1)
 
     def forward_packed(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
-        """x: (total, d) packed tokens; cu_seqlens: (B + 1,) int32 -> (total, d).
+        """x: (total, d) packed tokens; cu_seqlens: (B + 1,) int32 on x's device; max_seqlen: int -> (total, d).
 
         Raises RuntimeError if a layer is in training mode with dropout > 0 (dropout is not applied here).
         """
+        if cu_seqlens.device != x.device:
+            raise ValueError(f"cu_seqlens must be on x's device ({x.device}); got {cu_seqlens.device}")
+        check_cu_seqlens(cu_seqlens, total=x.shape[0], max_seqlen=max_seqlen)
+        return self._layers(x, cu_seqlens, int(max_seqlen))
+
+    def _layers(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        """Every layer on checked packed tokens, with one attention kernel chosen for all of them."""
         if (active := _dropout_in_training(self.layers)) is not None:
             raise RuntimeError(f"PackedEncoder applies no dropout, but {active} is in training mode: call .eval() "
                                "for inference, or train with the PyTorch module itself")
+        kernel = self._kernel(x)
         for layer in self.layers:
             if layer.norm_first:
-                x = x + self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen)
+                x = x + self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen, kernel)
                 x = x + self._feed_forward(layer, layer.norm2(x))
             else:
-                x = layer.norm1(x + self._attention(layer, x, cu_seqlens, max_seqlen))
+                x = layer.norm1(x + self._attention(layer, x, cu_seqlens, max_seqlen, kernel))
                 x = layer.norm2(x + self._feed_forward(layer, x))
         return self.norm(x) if self.norm is not None else x
 
-    def _attention(self, layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+    def _kernel(self, x: Tensor) -> Kernel:
+        """The varlen kernel for every layer's (total, H, Dh) q, k, v in x's dtype and device: selected once."""
+        a = self.layers[0].self_attn
+        head_dim = max(layer.self_attn.head_dim for layer in self.layers)  # the largest head decides max_head_dim
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        return registry.select("varlen", x.new_empty(0, a.num_heads, head_dim), False, self.attention_backend,
+                               needs_grad=needs_grad)
+
+    @staticmethod
+    def _attention(layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel) -> Tensor:
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
@@ -187,7 +214,7 @@ class PackedEncoder(nn.Module):
         # Strided views, not copies: every varlen kernel takes any strides with head_dim contiguous,
         # which saves writing 3 * total * d floats per layer into freshly faulted-in pages.
         q, k, v = qkv.unbind(1)  # (total, H, Dh) each
-        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=self.attention_backend)  # (total, H, Dh)
+        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)  # (total, H, Dh)
         return a.out_proj(o.view(total, d))
 
     @staticmethod

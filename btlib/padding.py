@@ -70,8 +70,9 @@ def check_lengths(lengths: Tensor, T: int | None = None, B: int | None = None) -
         )
 
 
-def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> None:
-    """Raise an error that says what to fix if ``cu_seqlens`` is not (B + 1,) int32, 0-based, non-decreasing."""
+def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None, max_seqlen: int | None = None) -> None:
+    """Raise an error that says what to fix if ``cu_seqlens`` is not (B + 1,) int32, 0-based, non-decreasing,
+    ending at ``total`` tokens, with no sequence longer than ``max_seqlen``. Scalar reads: on CUDA each syncs."""
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets, e.g. [0, 2, 6, 9] for lengths [2, 4, 3]")
     if cu_seqlens.dtype != torch.int32:
@@ -85,6 +86,10 @@ def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> None:
         raise ValueError(f"cu_seqlens must be non-decreasing (lengths >= 0); got {cu_seqlens.tolist()}")
     if total is not None and int(cu_seqlens[-1]) != total:
         raise ValueError(f"cu_seqlens[-1] = {int(cu_seqlens[-1])} must equal the number of packed tokens ({total})")
+    if max_seqlen is not None:
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+        if int(max_seqlen) < longest:
+            raise ValueError(f"max_seqlen={max_seqlen} is less than the longest sequence ({longest}); pass max(lengths)")
 
 
 def lengths_to_padding_mask(lengths: Tensor, T: int | None = None) -> Tensor:
@@ -94,7 +99,12 @@ def lengths_to_padding_mask(lengths: Tensor, T: int | None = None) -> Tensor:
     """
     T = int(lengths.max()) if T is None and lengths.numel() else (T or 0)
     check_lengths(lengths, T)
-    return torch.arange(T, device=lengths.device).view(1, T) >= lengths.view(-1, 1)
+    return ~_valid(lengths, T)
+
+
+def _valid(lengths: Tensor, T: int) -> Tensor:
+    """(B,) lengths -> (B, T) bool, True at real tokens, on lengths' device. Trusts its arguments."""
+    return torch.arange(T, device=lengths.device).view(1, T) < lengths.view(-1, 1)
 
 
 def padding_mask_to_lengths(padding_mask: Tensor) -> Tensor:
@@ -106,7 +116,7 @@ def padding_mask_to_lengths(padding_mask: Tensor) -> Tensor:
     if padding_mask.dtype != torch.bool or padding_mask.dim() != 2:
         raise TypeError(f"padding_mask must be a (B, T) bool tensor, True at padding; got {padding_mask.dtype} {tuple(padding_mask.shape)}")
     lengths = (~padding_mask).sum(dim=1)
-    if not torch.equal(lengths_to_padding_mask(lengths, padding_mask.shape[1]), padding_mask):
+    if not torch.equal(~_valid(lengths, padding_mask.shape[1]), padding_mask):
         raise ValueError(
             "padding_mask is not left aligned (a real token follows padding in some row). "
             "btlib expects real tokens first, then padding, as tokenizers produce with right padding."
@@ -120,6 +130,11 @@ def lengths_to_cu_seqlens(lengths: Tensor) -> tuple[Tensor, int]:
     Example: lengths [2, 4, 3] -> (tensor([0, 2, 6, 9], dtype=int32), 4)
     """
     check_lengths(lengths)
+    return _cu_seqlens(lengths)
+
+
+def _cu_seqlens(lengths: Tensor) -> tuple[Tensor, int]:
+    """lengths_to_cu_seqlens for lengths already checked (btlib's entry points check once, then call this)."""
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     cu[1:] = torch.cumsum(lengths.long(), dim=0)  # in int64: an int32 cumsum wraps past 2^31 - 1 silently
     total = int(cu[-1])
@@ -145,11 +160,14 @@ def pack(x: Tensor, lengths: Tensor) -> Packed:
     """
     if x.dim() < 2:
         raise ValueError(f"pack expects a batch (B, T, ...); got shape {tuple(x.shape)}")
-    B, T = x.shape[:2]
-    check_lengths(lengths, T=T, B=B)
-    valid = torch.arange(T, device=x.device).view(1, T) < lengths.to(x.device).view(B, 1)  # (B, T)
-    cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths.to(x.device))
-    return Packed(x[valid], cu_seqlens, max_seqlen)  # boolean indexing keeps row-major order
+    check_lengths(lengths, T=x.shape[1], B=x.shape[0])
+    return _pack(x, lengths.to(x.device))
+
+
+def _pack(x: Tensor, lengths: Tensor) -> Packed:
+    """pack for lengths already checked and on x's device."""
+    cu_seqlens, max_seqlen = _cu_seqlens(lengths)
+    return Packed(x[_valid(lengths, x.shape[1])], cu_seqlens, max_seqlen)  # boolean indexing keeps row-major order
 
 
 def unpack(tokens: Tensor, cu_seqlens: Tensor, T: int | None = None, fill: float = 0.0) -> Tensor:
@@ -160,10 +178,13 @@ def unpack(tokens: Tensor, cu_seqlens: Tensor, T: int | None = None, fill: float
     """
     check_cu_seqlens(cu_seqlens, total=tokens.shape[0])
     lengths = cu_seqlens_to_lengths(cu_seqlens)
-    B = lengths.numel()
-    T = (int(lengths.max()) if B else 0) if T is None else T
+    T = (int(lengths.max()) if lengths.numel() else 0) if T is None else T
     check_lengths(lengths, T=T)
-    valid = torch.arange(T, device=tokens.device).view(1, T) < lengths.to(tokens.device).view(B, 1)
-    out = tokens.new_full((B, T, *tokens.shape[1:]), fill)
-    out[valid] = tokens
+    return _unpack(tokens, lengths.to(tokens.device), T, fill)
+
+
+def _unpack(tokens: Tensor, lengths: Tensor, T: int, fill: float = 0.0) -> Tensor:
+    """unpack for (B,) lengths already checked (each <= T), on tokens' device."""
+    out = tokens.new_full((lengths.numel(), T, *tokens.shape[1:]), fill)
+    out[_valid(lengths, T)] = tokens
     return out

@@ -171,7 +171,7 @@ def test_gpu_cuda_binding_errors_say_what_to_do():
     with pytest.raises(RuntimeError, match="int32"):
         op.varlen_fwd(x, x, x, torch.tensor([0, 4], device="cuda"), 4, False, 0.25)
     with pytest.raises(RuntimeError, match="max_seqlen"):
-        op.varlen_fwd(x, x, x, torch.tensor([0, 4], device="cuda", dtype=torch.int32), 2, False, 0.25)
+        op.varlen_fwd(x, x, x, torch.tensor([0, 4], device="cuda", dtype=torch.int32), -1, False, 0.25)
 
 
 @pytest.mark.gpu

@@ -103,3 +103,40 @@ def test_rejects_unsupported_modules():
     layer.self_attn = nn.MultiheadAttention(32, 4, add_bias_kv=True, batch_first=True)
     with pytest.raises(ValueError, match="add_bias_kv"):
         btlib.PackedEncoder.from_module(layer)
+
+
+def test_one_check_and_one_kernel_selection_per_forward(monkeypatch):
+    """12 layers: lengths (or cu_seqlens) checked once and the kernel selected once per call, not per layer."""
+    import sys
+
+    import btlib.checks
+    import btlib.packed_encoder
+    import btlib.padding
+    from btlib.kernels import registry
+
+    calls = {"check": 0, "select": 0}
+
+    def counted(module, name, kind):
+        fn = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+
+    for module in (btlib.padding, btlib.checks, btlib.packed_encoder):
+        for name in ("check_lengths", "check_cu_seqlens"):
+            if hasattr(module, name):
+                counted(module, name, "check")
+    counted(sys.modules["btlib.attention"], "check_varlen_inputs", "check")  # btlib.attention is the function
+    counted(registry, "select", "select")
+    packed = btlib.PackedEncoder.from_module(encoder(layers=12))
+    x, lengths = torch.randn(3, 20, 32), torch.tensor([20, 7, 0])
+    with torch.inference_mode():
+        out = packed(x, lengths)
+        assert calls == {"check": 1, "select": 1}
+        tokens, cu_seqlens, max_seqlen = btlib.pack(x, lengths)
+        real = ~btlib.lengths_to_padding_mask(lengths, 20)
+        calls.update(check=0, select=0)
+        assert torch.equal(packed.forward_packed(tokens, cu_seqlens, max_seqlen), out[real])
+        assert calls == {"check": 1, "select": 1}

@@ -80,7 +80,12 @@ def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = No
 
 def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
                         scale: float | None = None) -> Tensor:
-    """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2)."""
+    """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2).
+
+    max_seqlen only bounds the lengths here: on a CPU the kernel reads cu_seqlens itself (host memory,
+    B integers, no sync) and makes one task per real query block, so nothing is sized by it. The GPU
+    kernels size their grid by it instead of reading the lengths back from the device.
+    """
     _check_bf16(q)
     return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
 
