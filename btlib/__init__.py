@@ -14,7 +14,8 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
 
 from .attention import attention, varlen_attention
 from .device import PrecisionChoice, SlowPrecisionWarning, choose_precision
-from .fastpath import FastpathReport, explain_fastpath, ops_that_ran
+from .fastpath import FastpathReport, explain_fastpath
+from .observe import ops_that_ran
 from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
 from .packed_encoder import PackedEncoder

@@ -161,7 +161,7 @@ def describe_device(file=None) -> str:
     Measures this CPU's fp32 and bf16 matmul rates the first time (~1-2 s, then cached on disk).
     """
     import btlib
-    from btlib.bench.core import quick_mode
+    from .quick import quick_mode
 
     env = describe_machine()
     lines = [f"btlib {btlib.__version__} from {Path(btlib.__file__).resolve().parents[1]}, "

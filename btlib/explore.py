@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .bench import core
-from .bench.encoder import batch_lengths
 from .bench.report import speedups
-from .lengths import padding_stats
+from .lengths import batch_lengths, padding_stats
 from .models import EncoderConfig
 
 __all__ = ["PaddingExplorer"]

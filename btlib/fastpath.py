@@ -20,7 +20,9 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FastpathReport", "explain_fastpath", "ops_that_ran", "run_slow"]
+from .observe import ops_that_ran, run_slow  # noqa: F401  run_slow: btlib/pretrained/model.py imports it from here for now
+
+__all__ = ["FastpathReport", "explain_fastpath"]
 
 LAYER_OP = "aten::_transformer_encoder_layer_fwd"
 MHA_OP = "aten::_native_multi_head_attention"
@@ -236,25 +238,3 @@ def explain_fastpath(
     raise TypeError(
         f"explain_fastpath knows nn.TransformerEncoder, nn.TransformerEncoderLayer and nn.MultiheadAttention; got {type(module).__name__}"
     )
-
-
-def ops_that_ran(fn: Callable[[], object]) -> set[str]:
-    """Names of the aten operators the profiler records while ``fn()`` runs once."""
-    from ._profiler import quiet_profile
-
-    with quiet_profile() as prof:
-        fn()
-    return {evt.key for evt in prof.key_averages()}
-
-
-def run_slow(fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` under torch.inference_mode with PyTorch's MHA/encoder fastpath switched
-    off (torch.backends.mha.set_fastpath_enabled(False)): the plain-module path, as the reference
-    every fast path is checked against. The previous setting is restored."""
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.inference_mode():
-            return fn(*args, **kwargs)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(before)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .padding import check_lengths
 
-__all__ = ["uniform_lengths", "zipf_lengths", "PaddingStats", "padding_stats"]
+__all__ = ["uniform_lengths", "zipf_lengths", "batch_lengths", "PaddingStats", "padding_stats"]
 
 _SENTENCE_END_RANKS = (3, 386, 858)
 
@@ -138,3 +138,10 @@ def padding_stats(
         dense = encoder_flops(torch.full((B,), T), d_model, d_ff, num_layers) / 1e9
         packed = encoder_flops(lengths, d_model, d_ff, num_layers) / 1e9
     return PaddingStats(B, T, real, 1.0 - real / (B * T), 1.0 - sq / (B * T * T), dense, packed)
+
+
+def batch_lengths(p: dict) -> torch.Tensor:
+    """The (B,) lengths of one benchmark point: uniform at p["padding"], or Zipf (padding is then what it is)."""
+    if p.get("distribution", "uniform") == "zipf":
+        return zipf_lengths(p["B"], p["T"], seed=p.get("seed", 0))
+    return uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0), full_row=p["B"] > 1)

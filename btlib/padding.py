@@ -33,6 +33,7 @@ __all__ = [
     "unpack",
     "check_lengths",
     "check_cu_seqlens",
+    "zero_padded_rows",
 ]
 
 
@@ -188,3 +189,8 @@ def _unpack(tokens: Tensor, lengths: Tensor, T: int, fill: float = 0.0) -> Tenso
     out = tokens.new_full((lengths.numel(), T, *tokens.shape[1:]), fill)
     out[_valid(lengths, T)] = tokens
     return out
+
+
+def zero_padded_rows(out: Tensor, lengths: Tensor) -> Tensor:
+    """(B, H, T, D) attention output with query rows t >= lengths[b] set to 0 (a kernel that computes them anyway)."""
+    return out * _valid(lengths, out.shape[2]).view(-1, 1, out.shape[2], 1).to(out.dtype)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .padding import cu_seqlens_to_lengths, pack, unpack
 
-__all__ = ["reference_attention", "reference_varlen_attention", "allowed_mask"]
+__all__ = ["reference_attention", "reference_varlen_attention", "allowed_mask", "naive_attention"]
 
 
 def allowed_mask(
@@ -190,3 +190,18 @@ def reference_varlen_attention(
     padded = [unpack(x, cu_seqlens, T).transpose(1, 2) for x in (q, k, v)]  # (B, H, T, D)
     out = reference_attention(*padded, lengths=lengths, causal=causal, scale=scale)
     return pack(out.transpose(1, 2), lengths).tokens
+
+
+def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v with nothing fused, in q's dtype: the baseline benchmarks time.
+
+    q: (B, H, T, D); k, v: (B, H, S, D); mask: broadcastable to (B, H, T, S), bool (True: may attend)
+    or float (added). The (B, H, T, S) scores live in memory (the cost the fused kernels remove);
+    the softmax runs in fp32, and a row with no key to attend is 0 (as SDPA's).
+    """
+    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, S)
+    if mask is not None:
+        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
+    p = att.softmax(dim=-1, dtype=torch.float32)
+    p = (p.nan_to_num(0.0) if mask is not None else p).to(q.dtype)
+    return torch.nn.functional.dropout(p, dropout_p) @ v  # (B, H, T, D)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPAParams, SDPBackend, sdpa_kernel
 
-from .fastpath import ops_that_ran
+from .observe import ops_that_ran
 
 __all__ = ["SDPAReport", "ForcedRun", "explain_sdpa", "run_forced", "sdpa_ops", "SDPA_OPS", "BACKENDS"]
 
@@ -157,7 +157,8 @@ def _catch(logger: str = "torch.nested._internal.sdpa") -> Iterator[list[str]]:
         messages += [str(w.message) for w in caught] + catcher.messages
 
 
-def _forced(backend: str) -> contextlib.AbstractContextManager:
+def forced_backend(backend: str) -> contextlib.AbstractContextManager:
+    """A context in which SDPA may use only ``backend`` (an SDPBackend name, e.g. "FLASH_ATTENTION")."""
     return sdpa_kernel([SDPBackend.__members__[backend]])
 
 
@@ -171,7 +172,7 @@ def _disabled(backend: str) -> list[str]:
 def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
     reasons = {}
     for b in BACKENDS:
-        with _catch() as msgs, _forced(b):
+        with _catch() as msgs, forced_backend(b):
             try:
                 choice, error = torch._fused_sdp_choice(*args, **kwargs), None
             except (RuntimeError, NotImplementedError) as e:
@@ -190,7 +191,7 @@ def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
 def _can_use(backend: str, params: SDPAParams, device: str) -> list[str]:
     """torch.backends.cuda.can_use_*(params, debug=True) with only ``backend`` enabled: its reasons."""
     name = _CAN_USE[backend]
-    with _catch() as msgs, _forced(backend):
+    with _catch() as msgs, forced_backend(backend):
         ok = getattr(torch.backends.cuda, name)(params, True)
     if ok:
         return []
@@ -214,7 +215,7 @@ def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: 
             continue
         why = _can_use(b, params, q.device.type)
         if b in jagged_gate:
-            with _catch() as msgs, _forced(b):
+            with _catch() as msgs, forced_backend(b):
                 ok = jagged_gate[b](params, True)
             why += [] if ok else _clean(msgs) or [f"refused by {jagged_gate[b].__name__}"]
         reasons[b] = why
@@ -313,7 +314,7 @@ class ForcedRun:
 def run_forced(backend: str, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> ForcedRun:
     """Run ``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with only ``backend`` enabled."""
     with _catch() as msgs:
-        with _forced(backend):
+        with forced_backend(backend):
             try:
                 ops, error = ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs)), None
             except (RuntimeError, ValueError) as e:

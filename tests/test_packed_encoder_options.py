@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import btlib
-from btlib.fastpath import run_slow
+from btlib.observe import run_slow
 from btlib.kernels import relative_error
 
 D, H = 32, 4

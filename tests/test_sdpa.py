@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from btlib import ops_that_ran, padded_to_nested
 from btlib.bench import run
-from btlib.bench.sdpa import naive_attention
+from btlib.reference import naive_attention
 from btlib.kernels import relative_error
 from btlib.models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from btlib.sdpa import BACKENDS, explain_sdpa, run_forced, sdpa_ops

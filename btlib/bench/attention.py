@@ -95,7 +95,8 @@ def _varlen_providers() -> list[Provider]:
     return padded + varlen
 
 
-def _varlen_flops(p: dict) -> float:
+def varlen_flops(p: dict) -> float:
+    """4 H D sum(L_i^2): the FLOPs of attention on the real tokens of a uniform_lengths batch at p["padding"]."""
     L = uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0)).double()
     return 4.0 * p["H"] * p["D"] * float((L**2).sum())
 
@@ -111,5 +112,5 @@ declare(Benchmark(
     tol=1e-5,
     params={"B": 8, "H": 12, "D": 64, "T": 512},
     quick={"B": 4, "H": 2, "D": 32, "T": 64, "x_vals": (0.0, 0.5)},
-    flops=_varlen_flops, baseline="torch_sdpa",
+    flops=varlen_flops, baseline="torch_sdpa",
 ))

@@ -27,13 +27,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..device import describe_machine  # one source for the machine: btlib.device / btlib.hardware
+from ..quick import quick_mode
 
 __all__ = ["Provider", "Benchmark", "run", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare"]
-
-
-def quick_mode() -> bool:
-    """True when BTLIB_QUICK is set to 1/true/yes: notebooks and benchmarks use their small sizes (CI)."""
-    return os.environ.get("BTLIB_QUICK", "").lower() in ("1", "true", "yes")
 
 
 def results_dir() -> Path | None:

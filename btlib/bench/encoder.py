@@ -28,24 +28,17 @@ import torch
 from torch import nn
 
 from ..kernels import relative_error
-from ..lengths import encoder_flops, uniform_lengths, zipf_lengths
-from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, build_encoder, dense_twin
+from ..lengths import batch_lengths, encoder_flops
+from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, cached_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
 from ..device import bf16_slow_reason
-from ..fastpath import run_slow
+from ..observe import run_slow
 from ..packed_encoder import PackedEncoder
 from ..paths import data_file
 from .core import Benchmark, Provider, declare
 
 ENCODER_TOL = 1e-4
-
-
-@functools.lru_cache(maxsize=2)
-def cached_encoder(cfg: EncoderConfig, seed: int = 0) -> tuple[nn.TransformerEncoder, nn.TransformerEncoder]:
-    """(nested-capable encoder, its dense twin), eval mode, weights shared. Cached per shape."""
-    enc = build_encoder(cfg, seed=seed).eval()
-    return enc, dense_twin(enc).eval()
 
 
 @functools.lru_cache(maxsize=2)
@@ -73,13 +66,6 @@ def encoder_providers() -> list[Provider]:
                  label="btlib.PackedEncoder, bf16", tol=5e-2, available=bf16_slow_reason),
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
     ]
-
-
-def batch_lengths(p: dict) -> torch.Tensor:
-    """The (B,) lengths of one benchmark point: uniform at p["padding"], or Zipf (padding is then what it is)."""
-    if p.get("distribution", "uniform") == "zipf":
-        return zipf_lengths(p["B"], p["T"], seed=p.get("seed", 0))
-    return uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0), full_row=p["B"] > 1)
 
 
 def encoder_inputs(p: dict) -> dict:

@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from ..kernels import get, relative_error
 from ..lengths import uniform_lengths
 from ..padding import pack
-from ..reference import allowed_mask, reference_attention
-from .attention import attn_bytes, attn_flops, dense_qkv
+from ..padding import zero_padded_rows
+from ..reference import allowed_mask, naive_attention, reference_attention
+from ..sdpa import forced_backend
+from .attention import attn_bytes, attn_flops, dense_qkv, varlen_flops
 from .core import Benchmark, Provider, declare
 
 # fp16 output: a few fp16 ulps (2^-10) relative to the output's scale, whatever the summation order.
@@ -45,21 +47,11 @@ def _device() -> str:
 
 
 def _sdpa(backend: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     def run(q, k, v, mask=None):
-        with sdpa_kernel([SDPBackend.__members__[backend]]):
+        with forced_backend(backend):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     return run
-
-
-def _naive(q, k, v, mask=None):
-    """matmul, softmax, matmul in the input dtype: the (B, H, T, T) scores go through HBM."""
-    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, T)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.softmax(s, dim=-1, dtype=torch.float32).nan_to_num(0.0).to(q.dtype) @ v
 
 
 class _LazyReference:
@@ -97,7 +89,7 @@ def _dense_providers() -> list[Provider]:
             for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")]
     ours = [Provider(name, lambda x, name=name: get(name).fn(x["q"], x["k"], x["v"], lengths=None, causal=False, scale=None),
                      available=_kernel_available(name), label=f"btlib {name}") for name in ("triton_flash", "cuda_flash")]
-    naive = Provider("naive", lambda x: _naive(x["q"], x["k"], x["v"]), available=_need_gpu,
+    naive = Provider("naive", lambda x: naive_attention(x["q"], x["k"], x["v"]), available=_need_gpu,
                      label="matmul-softmax-matmul in fp16 (scores in HBM)")
     return ours + sdpa + [naive]
 
@@ -127,18 +119,12 @@ def _varlen_inputs(p: dict) -> dict:
     return x
 
 
-def _zero_padded_rows(out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    T = out.shape[2]
-    real = torch.arange(T, device=out.device).view(1, T) < lengths.view(-1, 1)  # (B, T)
-    return out * real.view(-1, 1, T, 1).to(out.dtype)
-
-
 def _varlen_providers() -> list[Provider]:
     padded = [Provider(f"sdpa_{name.split('_')[0].lower()}_masked",
-                       lambda x, f=_sdpa(name): _zero_padded_rows(f(x["q"], x["k"], x["v"], x["mask"]), x["lengths"]),
+                       lambda x, f=_sdpa(name): zero_padded_rows(f(x["q"], x["k"], x["v"], x["mask"]), x["lengths"]),
                        available=_need_gpu, label=f"SDPA forced to {name} with a boolean key mask (computes the padding)")
               for name in ("EFFICIENT_ATTENTION", "MATH")]
-    padded.append(Provider("naive_masked", lambda x: _zero_padded_rows(_naive(x["q"], x["k"], x["v"], x["mask"]), x["lengths"]),
+    padded.append(Provider("naive_masked", lambda x: zero_padded_rows(naive_attention(x["q"], x["k"], x["v"], x["mask"]), x["lengths"]),
                            available=_need_gpu, label="naive attention with the key mask"))
     ours = [Provider("triton_flash", lambda x: get("triton_flash").fn(x["q"], x["k"], x["v"], lengths=x["lengths"], causal=False,
                                                                       scale=None),
@@ -147,11 +133,6 @@ def _varlen_providers() -> list[Provider]:
                       available=_kernel_available(name), label=f"btlib {name} on packed tokens")
              for name in ("triton_flash_varlen", "cuda_flash_varlen")]
     return ours + padded
-
-
-def _varlen_flops(p: dict) -> float:
-    L = uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0)).double()
-    return 4.0 * p["H"] * p["D"] * float((L**2).sum())
 
 
 declare(Benchmark(
@@ -165,5 +146,5 @@ declare(Benchmark(
     tol=TOL_FP16,
     params={"B": 8, "H": 16, "D": 64, "T": 2048},
     quick={"B": 4, "H": 4, "D": 64, "T": 256, "x_vals": (0.0, 0.5)},
-    flops=_varlen_flops, baseline="sdpa_efficient_masked",
+    flops=varlen_flops, baseline="sdpa_efficient_masked",
 ))

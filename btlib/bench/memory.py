@@ -26,7 +26,7 @@ def peak_memory(fn: Callable[[], Any], device: str = "cpu") -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    from .._profiler import quiet_profile
+    from ..observe import quiet_profile
 
     with quiet_profile(profile_memory=True) as prof:
         fn()

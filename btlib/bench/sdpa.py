@@ -25,31 +25,23 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..kernels import relative_error
 from ..lengths import uniform_lengths
 from ..models import BERT_BASE, TINY, EncoderConfig, build_encoder, dense_twin
 from ..models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from ..padding import lengths_to_padding_mask, pack
-from ..reference import reference_attention
+from ..reference import naive_attention, reference_attention
+from ..sdpa import forced_backend
 from .attention import attn_flops, dense_qkv
 from .core import Benchmark, Provider, declare
 
-__all__ = ["COMPILE_SECONDS", "naive_attention"]
-
-
-def naive_attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(D) + mask) v with nothing fused: the (B, H, T, S) scores live in memory."""
-    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, T, S)
-    if mask is not None:
-        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
-    return att.softmax(dim=-1) @ v  # (B, H, T, D)
+__all__ = ["COMPILE_SECONDS"]
 
 
 def _forced(backend: str, **kw) -> Callable[[dict], torch.Tensor]:
     def fn(x: dict) -> torch.Tensor:
-        with sdpa_kernel([SDPBackend.__members__[backend]]):
+        with forced_backend(backend):
             return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], **kw)
     return fn
 

@@ -7,13 +7,14 @@ weights unchanged.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-__all__ = ["EncoderConfig", "BERT_BASE", "XLMR_BASE", "XLMR_LARGE", "MINILM_L6", "TINY", "build_encoder", "dense_twin"]
+__all__ = ["EncoderConfig", "BERT_BASE", "XLMR_BASE", "XLMR_LARGE", "MINILM_L6", "TINY", "build_encoder", "dense_twin", "cached_encoder"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,10 @@ def dense_twin(enc: nn.TransformerEncoder) -> nn.TransformerEncoder:
     twin.layers = enc.layers
     twin.num_layers = enc.num_layers
     return twin
+
+
+@functools.lru_cache(maxsize=2)
+def cached_encoder(cfg: EncoderConfig, seed: int = 0) -> tuple[nn.TransformerEncoder, nn.TransformerEncoder]:
+    """(nested-capable encoder, its dense twin), eval mode, weights shared. Cached per shape."""
+    enc = build_encoder(cfg, seed=seed).eval()
+    return enc, dense_twin(enc).eval()

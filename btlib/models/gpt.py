@@ -15,13 +15,14 @@ same seed and different ``attention`` are the same function: their losses and gr
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..reference import naive_attention
 
 __all__ = ["GPTConfig", "GPT_SMALL", "GPT", "build_gpt", "with_attention", "gpt_batch", "train_step"]
 
@@ -62,9 +63,7 @@ class CausalSelfAttention(nn.Module):
         if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, H, T, T)
-            att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
-            y = F.dropout(att, p) @ v  # (B, H, T, D)
+            y = naive_attention(q, k, v, self.causal[:T, :T], dropout_p=p)  # (B, H, T, D), scores (B, H, T, T) in memory
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
 
 

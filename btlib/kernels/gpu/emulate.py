@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .limits import LOG2E
+
 __all__ = ["available", "load", "emulated_attention", "emulated_varlen_attention", "cuda_include_dir"]
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / "emulate.cpp", HERE / "flash_attn_kernel.cuh", HERE / "flash_attn.h"]
 _DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # btlib_cuda::DType
-LOG2E = 1.4426950408889634
 
 
 def cuda_include_dir() -> Path | None:

@@ -46,9 +46,7 @@ except ModuleNotFoundError:  # no triton wheel for this platform: the module imp
 __all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd",
            "TRITON_MISSING"]
 
-MAX_HEAD_DIM = 128  # BLOCK_D = next power of two >= D; larger heads overflow a T4's shared memory
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2E = 1.4426950408889634
+from .limits import DTYPES, LOG2E, MAX_HEAD_DIM  # noqa: E402  (after the triton import and its stand-ins)
 
 
 @triton.jit

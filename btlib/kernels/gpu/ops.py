@@ -24,12 +24,11 @@ from torch import Tensor
 
 from ..registry import CpuRun, Kernel, register
 from . import build, emulate
+from .limits import DTYPES, MAX_HEAD_DIM
 
 __all__ = ["triton_attention", "triton_varlen_attention", "cuda_attention", "cuda_varlen_attention",
            "triton_available", "cuda_available", "MAX_HEAD_DIM", "DTYPES"]
 
-MAX_HEAD_DIM = 128  # both kernels: flash_attn.py MAX_HEAD_DIM, flash_attn.h kMaxHeadDim
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @functools.lru_cache(maxsize=None)
