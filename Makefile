@@ -40,10 +40,10 @@ unit: setup-dev
 	$(BIN)/python -m pytest tests -p no:cacheprovider
 
 run: setup
-	$(BIN)/python -m btlib.workbook run
+	$(BIN)/python .ci/workbook.py run
 
 outputs: setup
-	$(BIN)/python -m btlib.workbook refresh $(or $(NB),notebooks/[0-9]*.ipynb)
+	$(BIN)/python .ci/workbook.py refresh $(or $(NB),notebooks/[0-9]*.ipynb)
 
 clean:
 	rm -rf build .venv

@@ -1,5 +1,15 @@
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# .ci/workbook.py (runs the notebooks, writes their Colab cells) is a tool of this checkout, not part of
+# the installed package: the tests that check the notebooks agree with it import it as `workbook`.
+_spec = importlib.util.spec_from_file_location("workbook", Path(__file__).resolve().parents[1] / ".ci" / "workbook.py")
+sys.modules["workbook"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["workbook"])
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ import nbformat
 import pytest
 
 from btlib.device import describe_device, gpu_notes
-from btlib.workbook import add_colab_cells, colab_cells, repository_url
+from workbook import add_colab_cells, colab_cells, repository_url
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("01_naive_attention", "06_padding_sparsity")

@@ -78,25 +78,25 @@ def test_import_is_light():
 
 def test_repository_url_is_named_once():
     """pyproject's [project.urls] Repository is the only place the repository's address is written by hand."""
-    from btlib.workbook import repository_url
+    from workbook import repository_url
 
     url = repository_url()
     assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url)
-    for path in ("README.md", "btlib/workbook.py", "btlib/device.py", ".ci/run", "Makefile"):
+    for path in ("README.md", ".ci/workbook.py", "btlib/device.py", ".ci/run", "Makefile"):
         text = (ROOT / path).read_text()
         assert text.count(url) == 0, f"{path} writes {url} by hand: derive it from pyproject.toml"
 
 
 @pytest.mark.parametrize("notebook", sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb")))
 def test_notebook_has_colab_badge_and_setup_cell_from_the_url(notebook):
-    """Badge first, setup cell after the title, both exactly what `python -m btlib.workbook colab` generates."""
+    """Badge first, setup cell after the title, both exactly what `python .ci/workbook.py colab` generates."""
     import nbformat
 
-    from btlib.workbook import colab_cells
+    from workbook import colab_cells
 
     badge, setup = colab_cells(notebook)
     cells = nbformat.read(ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4).cells
-    fix = f"run: python -m btlib.workbook colab notebooks/{notebook}.ipynb"
+    fix = f"run: python .ci/workbook.py colab notebooks/{notebook}.ipynb"
     assert cells[0].get("id") == "colab-badge" and cells[0].source == badge, fix
     setup_cells = [c for c in cells if c.get("id") == "colab-setup"]
     assert len(setup_cells) == 1 and setup_cells[0].source == setup, fix
@@ -106,7 +106,7 @@ def test_notebook_has_colab_badge_and_setup_cell_from_the_url(notebook):
 
 
 def test_readme_opens_every_notebook_in_colab():
-    from btlib.workbook import colab_url
+    from workbook import colab_url
 
     readme = (ROOT / "README.md").read_text()
     for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
@@ -114,7 +114,7 @@ def test_readme_opens_every_notebook_in_colab():
 
 
 def test_colab_installs_the_makefiles_extras():
-    from btlib.workbook import COLAB_EXTRAS
+    from workbook import COLAB_EXTRAS
 
     makefile = (ROOT / "Makefile").read_text()
     for pkgs in COLAB_EXTRAS.values():

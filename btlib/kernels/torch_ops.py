@@ -4,7 +4,8 @@
 - torch_sdpa: F.scaled_dot_product_attention with a boolean mask built from lengths. On CPU it
   dispatches to the flash CPU kernel, which still computes every padded key and query: B*T^2.
 - torch_sdpa_loop: one SDPA call per sequence of the packed tokens: sum(L^2) work plus one
-  Python-level call per sequence (the best PyTorch option on CPU, FACTS.md).
+  Python-level call per sequence (on CPU the fastest of PyTorch's options once padding is
+  large: notebook 06 measures it against torch_sdpa and torch_sdpa_nested).
 - torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal; math path on CPU).
 
 All are PyTorch ops, so autograd differentiates them (``differentiable=True``): they are what

@@ -17,7 +17,7 @@ file in that folder) while one of them compiles, and the other waits, then loads
 x86: AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl (plus
 -mavx512bf16 where it lists avx512_bf16: bf16 then runs on vdpbf16ps); gcc 12's ``-march=native``
 treats Zen 5 as znver3 and prefers 256-bit code, so the flags name x86-64-v4 and 512-bit vectors
-explicitly (FACTS.md). arm64 / aarch64 (Linux, macOS) gets "neon". ``BTLIB_CPU_ISA=avx512bf16|
+explicitly (gcc 12 on an AMD EPYC Zen 5: -march=native alone gave ymm-only code). arm64 / aarch64 (Linux, macOS) gets "neon". ``BTLIB_CPU_ISA=avx512bf16|
 avx512|avx2|neon|portable`` overrides the choice.
 
 Threads come from at::parallel_for. With torch's OpenMP backend (Linux, Windows wheels) its body is

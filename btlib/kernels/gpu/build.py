@@ -10,7 +10,7 @@ Sources next to this file: flash_attn.cu + flash_attn_kernel.cuh + flash_attn.h 
 and launcher) and binding.cpp (the torch op). One library, ``btlib_cuda_attention``, cached in
 ``$TORCH_EXTENSIONS_DIR/btlib_cuda_attention/``, built for the GPU it runs on (torch's default
 when TORCH_CUDA_ARCH_LIST is unset). A CPU build of torch cannot build it at all:
-cpp_extension sets CUDA_HOME to None there and the CUDA libraries are absent (FACTS.md), so
+cpp_extension sets CUDA_HOME to None there and the CUDA libraries are absent (torch 2.13.0+cpu), so
 :func:`available` says so and ``btlib.attention`` uses the other kernels.
 """
 
