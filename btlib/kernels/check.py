@@ -30,16 +30,17 @@ from .registry import EXACT, Kernel, get, relative_error
 
 __all__ = ["check", "CheckResult", "PADDED_CASES", "VARLEN_CASES"]
 
-# (B, H, T, D, lengths): batch 1 with one token; odd lengths; a sequence of length 0.
+# (B, H, T, D, lengths): batch 1 with one token; odd lengths; a sequence of length 0. Head dims
+# 16, 64 and 80 reach every head-dim bucket of the GPU kernels (32, 64, 128), 24 and 80 with masked columns.
 PADDED_CASES = [
     (1, 1, 1, 16, None),
-    (2, 2, 97, 32, [97, 40]),
-    (3, 2, 33, 24, [0, 33, 5]),
+    (2, 2, 97, 64, [97, 40]),
+    (3, 2, 33, 80, [0, 33, 5]),
 ]
 # (lengths, H, D): the same situations, packed.
 VARLEN_CASES = [
     ([1], 1, 16),
-    ([97, 3, 0, 40], 2, 32),
+    ([97, 3, 0, 40], 2, 64),
     ([5, 5], 2, 24),
 ]
 
