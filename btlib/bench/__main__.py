@@ -1,10 +1,12 @@
-"""Command line: ``python -m btlib.bench list``, ``run NAME [--quick] [--threads N] [--json PATH]``, ``summary [PATH ...]``."""
+"""Command line: ``python -m btlib.bench list``, ``run NAME [--quick] [--threads N] [--rounds N] [--json PATH]``, ``summary [PATH ...]``."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import sys
+from pathlib import Path
 
 from ..device import machine_line
 from . import load_all, load_rows, run, table
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--quick", action="store_true", help="small sizes (as CI runs them)")
     r.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     r.add_argument("--json", default=None, help="write the rows to this JSON-lines file")
+    r.add_argument("--rounds", type=int, default=1, help="run N times, keep each (provider, x)'s best row (noisy machines)")
     r.add_argument("--providers", default=None, help="comma-separated subset of the providers, e.g. fastpath,btlib_packed")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter, e.g. --set B=32 --set T=256 --set x_vals=[0.5,0.75] (Python literals)")
@@ -42,8 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--set takes KEY=VALUE with a Python literal value: {e}", file=sys.stderr)
             return 2
         x_vals = params.pop("x_vals", None)
-        rows = run(bench, quick=args.quick or None, threads=args.threads, json_path=args.json, params=params,
-                   x_vals=x_vals, providers=args.providers.split(",") if args.providers else None, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        kwargs = dict(quick=args.quick or None, threads=args.threads, params=params, x_vals=x_vals,
+                      providers=args.providers.split(",") if args.providers else None,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if args.rounds > 1:
+            from .cpu_attention import run_rounds
+
+            rows = run_rounds(bench, args.rounds, save=False, **kwargs)
+            if args.json:
+                Path(args.json).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        else:
+            rows = run(bench, json_path=args.json, **kwargs)
         env = rows[0]["env"] if rows else {}
         print(f"# {machine_line(env)}, torch {env.get('torch')}")
         print(table(rows, bench.baseline))

@@ -45,6 +45,8 @@ class Provider:
     checked=False marks a yardstick that computes something else on purpose (e.g. the "ideal"
     run on a batch without padding); it is timed but not compared with the reference.
     tol overrides the benchmark's tolerance for this provider (e.g. a bf16 provider).
+    precision: whose measured matmul rate bounds it ("fp32", "bf16" or "int8"): a row's ``of_bound``
+    is its useful GFLOP/s over that rate (btlib.hardware.machine(); int8: btlib.quant.int8_gemm_gflops()).
     """
 
     name: str
@@ -53,6 +55,7 @@ class Provider:
     label: str | None = None
     checked: bool = True
     tol: float | None = None
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Benchmark:
     reference(inputs) -> the output every provider must match; error(out, ref, inputs) -> float
     must be <= tol. flops(params) and bytes(params) give the work per call (None: not reported).
     baseline: the provider that speedups are stated against.
+    metrics(out, ref, inputs) -> {name: float}: more accuracy figures stored in each checked row
+    (e.g. min_cos, the lowest cosine similarity of an embedding with its reference).
     """
 
     name: str
@@ -80,6 +85,7 @@ class Benchmark:
     flops: Callable[[dict], float] | None = None
     bytes: Callable[[dict], float] | None = None
     baseline: str | None = None
+    metrics: Callable[[Any, Any, Any], dict] | None = None
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -165,6 +171,8 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                     try:
                         out = pr.fn(inputs)
                         err = bench.error(out, ref, inputs) if pr.checked else 0.0
+                        if pr.checked and bench.metrics:
+                            row.update(bench.metrics(out, ref, inputs))
                     except Exception as e:  # noqa: BLE001 - a provider that raises is reported, not fatal
                         why = f"raised {type(e).__name__}: {e}"
                         err = None
@@ -178,6 +186,9 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                     row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times), runs=len(times),
                                gflops=None if flops is None else flops / med / 1e6,
                                gbps=None if nbytes is None else nbytes / med / 1e6)
+                    if row["gflops"] and device == "cpu":
+                        row["bound_gflops"] = _bound(pr.precision, env)
+                        row["of_bound"] = row["gflops"] / row["bound_gflops"] if row["bound_gflops"] else None
                 row["env"] = env
                 rows.append(row)
                 if progress:
@@ -189,6 +200,15 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+def _bound(precision: str, env: dict) -> float | None:
+    """This machine's measured matmul GFLOP/s (GOP/s for int8) in ``precision``: the rate a provider can at best reach."""
+    if precision == "int8":
+        from ..quant import int8_gemm_gflops
+
+        return int8_gemm_gflops()
+    return env.get(f"{precision}_gflops")
 
 
 def _jsonable(v: Any) -> bool:

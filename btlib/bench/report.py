@@ -27,9 +27,18 @@ def speedups(rows: Sequence[dict], baseline: str) -> dict[tuple[str, str, object
 
 
 def table(rows: Sequence[dict], baseline: str | None = None) -> str:
-    """A fixed-width text table: one line per (benchmark, x, provider), with the speedup over ``baseline``."""
+    """A fixed-width text table: one line per (benchmark, x, provider), with the speedup over ``baseline``.
+
+    Columns that some rows carry are added when present: "of bound" (useful GFLOP/s over this
+    machine's measured matmul rate in the provider's precision) and the benchmark's metrics (e.g. min cos).
+    """
     sp = speedups(rows, baseline) if baseline else {}
-    head = ["benchmark", "x", "provider", "median ms", "min ms", "GFLOP/s", f"vs {baseline}" if baseline else "", "status"]
+    bound = any(r.get("of_bound") for r in rows)
+    std = {"benchmark", "provider", "x_name", "x", "params", "status", "reason", "error", "median_ms", "min_ms", "max_ms",
+           "runs", "gflops", "gbps", "bound_gflops", "of_bound", "env", "rounds"}
+    extra = list(dict.fromkeys(k for r in rows for k, v in r.items() if k not in std and isinstance(v, float)))
+    head = ["benchmark", "x", "provider", "median ms", "min ms", "GFLOP/s", *(["of bound"] if bound else []),
+            *[k.replace("_", " ") for k in extra], f"vs {baseline}" if baseline else "", "status"]
     lines = []
     for r in rows:
         ok = r["status"] == "ok"
@@ -38,6 +47,8 @@ def table(rows: Sequence[dict], baseline: str | None = None) -> str:
             r["benchmark"], f"{r['x_name']}={r['x']}", r["provider"],
             f"{r['median_ms']:.3f}" if ok else "-", f"{r['min_ms']:.3f}" if ok else "-",
             f"{r['gflops']:.1f}" if ok and r.get("gflops") else "-",
+            *([f"{r['of_bound']:.0%}" if ok and r.get("of_bound") else "-"] if bound else []),
+            *[f"{r[k]:.4f}" if ok and isinstance(r.get(k), float) else "-" for k in extra],
             f"{s:.2f}x" if s else "", "ok" if ok else f"{r['status']}: {r.get('reason', '')}",
         ])
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
