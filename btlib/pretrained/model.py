@@ -80,6 +80,7 @@ class PretrainedEncoder(nn.Module):
                                            layer_norm_eps=spec.layer_norm_eps, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, spec.num_layers, enable_nested_tensor=spec.nhead % 2 == 0)
         self._packed: dict[torch.dtype, PackedEncoder] = {}
+        self._int8: PackedEncoder | None = None
         self.eval()
 
     # -- tokens ------------------------------------------------------------------------------
@@ -103,13 +104,31 @@ class PretrainedEncoder(nn.Module):
                 self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
         return self._packed[dtype]
 
-    def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype) -> Tensor:
+    def int8_encoder(self) -> PackedEncoder:
+        """The int8 twin of :meth:`packed_encoder` (btlib.quant.quantize_auto), calibrated on btlib.quant.CALIBRATION_TEXTS; cached."""
+        if self._int8 is None:
+            from ..quant import CALIBRATION_TEXTS, quantize_auto
+
+            with torch.inference_mode():
+                batch = self._packed_inputs(self.tokenize(CALIBRATION_TEXTS))
+                self._int8 = quantize_auto(self.packed_encoder(), [batch])
+        return self._int8
+
+    def _packed_inputs(self, ids: list[list[int]]) -> tuple[Tensor, Tensor, int]:
+        """Token ids (N lists) -> embedded packed tokens (total, d) float32, cu_seqlens (N + 1,) int32, max_seqlen."""
+        lengths = torch.tensor([len(s) for s in ids])
+        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
+        flat = torch.tensor([t for s in ids for t in s])
+        positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[torch.repeat_interleave(torch.arange(len(ids)), lengths)]
+        return self.embeddings(flat, positions), cu_seqlens, max_seqlen
+
+    def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype, encoder: PackedEncoder | None = None) -> Tensor:
         lengths = torch.tensor([len(s) for s in ids])
         cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
         flat = torch.tensor([t for s in ids for t in s])  # (total,) packed straight from the tokenizer
         seq = torch.repeat_interleave(torch.arange(len(ids)), lengths)  # (total,) which sequence each token is in
         positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[seq]
-        h = self.packed_encoder(dtype).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, max_seqlen)
+        h = (encoder or self.packed_encoder(dtype)).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, max_seqlen)
         h = h.float()  # (total, d)
         if self.pooling.mode == "cls":
             return h[cu_seqlens[:-1].long()]
@@ -135,13 +154,16 @@ class PretrainedEncoder(nn.Module):
         (dense) and "slow" (fastpath disabled); "packed_bf16" is "packed" with precision="bf16".
         precision (packed paths only): None or "fp32" (default), "bf16" (explicit: warns once where
         bf16 is not native, with the measured slowdown), or "auto" (bf16 only where it is native and
-        measured faster: btlib.choose_precision() says what it picks here and why).
+        measured faster: btlib.choose_precision() says what it picks here and why), or "int8" (explicit
+        only, never picked by "auto": int8 linear layers, attention and LayerNorm in fp32, embeddings within
+        cosine 0.995 of fp32 on the workbook's corpora; see btlib.quant; warns once where this CPU's int8
+        matmuls are not faster than fp32).
         batch_size: texts per forward, >= 1.
         """
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}; got {path!r}")
-        if precision is not None and precision not in PRECISIONS:
-            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
+        if precision is not None and precision not in (*PRECISIONS, "int8"):
+            raise ValueError(f"precision must be None or one of {(*PRECISIONS, 'int8')}; got {precision!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
         if isinstance(texts, str):
@@ -152,6 +174,12 @@ class PretrainedEncoder(nn.Module):
             path, precision = "packed", "bf16"
         if not path.startswith("packed") and precision not in (None, "fp32"):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
+        encoder = None
+        if precision == "int8":
+            from ..quant import warn_if_slow_int8
+
+            warn_if_slow_int8("PretrainedEncoder.encode in int8")
+            encoder, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
         dtype = choose_precision(precision).dtype if precision else torch.float32
         if precision == "bf16":
             warn_if_slow_bf16("PretrainedEncoder.encode in bf16")
@@ -159,6 +187,6 @@ class PretrainedEncoder(nn.Module):
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
                 ids = self.tokenize(texts[i:i + batch_size])
-                out.append(self._encode_packed(ids, dtype) if path == "packed" else self._encode_padded(ids, path))
+                out.append(self._encode_packed(ids, dtype, encoder) if path == "packed" else self._encode_padded(ids, path))
         emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
         return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
