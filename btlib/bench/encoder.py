@@ -63,7 +63,7 @@ def encoder_providers() -> list[Provider]:
         Provider("btlib_packed", lambda x: _fast(cached_packed(x["config"]), x["src"], x["lengths"]),
                  label="btlib.PackedEncoder, fp32"),
         Provider("btlib_packed_bf16", lambda x: _fast(cached_packed(x["config"], torch.bfloat16), x["src"], x["lengths"]),
-                 label="btlib.PackedEncoder, bf16", tol=5e-2, available=bf16_slow_reason),
+                 label="btlib.PackedEncoder, bf16", tol=5e-2, available=bf16_slow_reason, precision="bf16"),
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
     ]
 
