@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import btlib
 from btlib.kernels import get, kernels, relative_error
-from btlib.kernels.gpu import build, emulate
+from btlib.kernels.cuda import build, emulate
 from btlib.kernels.registry import EXACT, LOW_PRECISION_FACTOR
 
 GPU_KERNELS = ("triton_flash", "triton_flash_varlen", "cuda_flash", "cuda_flash_varlen")
@@ -29,7 +29,7 @@ GPU_KERNELS = ("triton_flash", "triton_flash_varlen", "cuda_flash", "cuda_flash_
 
 def test_triton_on_cpu_tensors_without_interpreter_says_how():
     pytest.importorskip("triton")
-    from btlib.kernels.gpu.flash_attn import flash_attention, interpreted
+    from btlib.kernels.triton.flash_attn import flash_attention, interpreted
 
     if interpreted():
         pytest.skip("TRITON_INTERPRET=1 is set for this whole test process")
@@ -45,8 +45,8 @@ def test_triton_on_cpu_tensors_without_interpreter_says_how():
 @pytest.mark.parametrize("capability", [75, 80, 90])
 def test_triton_compiles_for(capability):
     pytest.importorskip("triton")
-    from btlib.kernels.gpu.flash_attn import interpreted
-    from btlib.kernels.gpu.targets import compile_for
+    from btlib.kernels.triton.flash_attn import interpreted
+    from btlib.kernels.triton.targets import compile_for
 
     if interpreted():
         pytest.skip("TRITON_INTERPRET=1 is set for this test process: the interpreter replaces the compiler")
@@ -61,8 +61,8 @@ def test_triton_compiles_for(capability):
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION is unset")
 def test_triton_largest_tile_fits_a_t4():
     pytest.importorskip("triton")
-    from btlib.kernels.gpu.flash_attn import interpreted
-    from btlib.kernels.gpu.targets import compile_for
+    from btlib.kernels.triton.flash_attn import interpreted
+    from btlib.kernels.triton.targets import compile_for
 
     if interpreted():
         pytest.skip("TRITON_INTERPRET=1 is set for this test process")

@@ -23,7 +23,8 @@ os.environ["TRITON_INTERPRET"] = "1"  # what notebook 05 sets before its imports
 import torch, btlib
 from btlib import bench
 from btlib.kernels import get
-from btlib.kernels.gpu import build, emulate, flash_attn  # notebook 05's imports
+from btlib.kernels.cuda import build, emulate  # notebook 05's imports
+from btlib.kernels.triton import flash_attn
 assert "triton" not in sys.modules
 assert flash_attn.TRITON_MISSING and not flash_attn.interpreted()
 print(sorted(flash_attn.block_config(80, torch.float16, 75).items()))
@@ -46,7 +47,7 @@ def test_flash_attn_imports_and_explains_without_triton():
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().endswith("ok")
     if importlib.util.find_spec("triton") is not None:  # the same tiles as with the real triton.next_power_of_2
-        code = "import torch; from btlib.kernels.gpu.flash_attn import block_config as b; print(sorted(b(80, torch.float16, 75).items()))"
+        code = "import torch; from btlib.kernels.triton.flash_attn import block_config as b; print(sorted(b(80, torch.float16, 75).items()))"
         real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"})
         assert res.stdout.splitlines()[0] == real.stdout.strip(), real.stderr[-2000:]

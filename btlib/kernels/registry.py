@@ -46,7 +46,7 @@ LOW_PRECISION_FACTOR = 2.0
 EXACT = (torch.float32, torch.float64)  # the dtypes held to FP32_TOL
 _ULP32 = 1.2e-7  # floor of a low-precision tolerance: SDPA can round a tiny case exactly
 
-_PROVIDERS = ("btlib.kernels.torch_ops", "btlib.kernels.cpu", "btlib.kernels.gpu")
+_PROVIDERS = ("btlib.kernels.torch_ops", "btlib.kernels.cpu", "btlib.kernels.triton", "btlib.kernels.cuda")
 
 
 @dataclass(frozen=True)

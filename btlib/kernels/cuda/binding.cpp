@@ -66,7 +66,7 @@ at::Tensor run(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Te
   const char* err = btlib_cuda::flash_attention_forward(p, dtype_of(q), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
   TORCH_CHECK(err == nullptr, "btlib CUDA attention: kernel launch failed: ", err ? err : "",
               ". If it says 'no kernel image', the extension was built for another GPU: clear its build directory "
-              "(btlib.kernels.gpu.build.build_directory()) and rebuild");
+              "(btlib.kernels.cuda.build.build_directory()) and rebuild");
   return o;
 }
 

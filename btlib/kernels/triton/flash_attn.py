@@ -46,7 +46,7 @@ except ModuleNotFoundError:  # no triton wheel for this platform: the module imp
 __all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd",
            "TRITON_MISSING"]
 
-from .limits import DTYPES, LOG2E, MAX_HEAD_DIM  # noqa: E402  (after the triton import and its stand-ins)
+from ..gpu_limits import DTYPES, LOG2E, MAX_HEAD_DIM  # noqa: E402  (after the triton import and its stand-ins)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Compile the Triton kernel for a GPU that is not here: ``python -m btlib.kernels.gpu.targets [75 80 90]``.
+"""Compile the Triton kernel for a GPU that is not here: ``python -m btlib.kernels.triton.targets [75 80 90]``.
 
     compile_for(capability, dtype, head_dim, *, varlen, causal) -> Compiled
 
@@ -61,7 +61,7 @@ def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: i
 
     if not isinstance(attn_fwd, triton.runtime.JITFunction):
         raise RuntimeError("TRITON_INTERPRET=1 is set in this process: the interpreter replaced the compiler. "
-                           "Compile in a process without it (python -m btlib.kernels.gpu.targets).")
+                           "Compile in a process without it (python -m btlib.kernels.triton.targets).")
     cfg = block_config(head_dim, dtype, capability)
     constexprs = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], VARLEN=varlen,
                       HAS_LENGTHS=not varlen, CAUSAL=causal, DOT_FP32=False,

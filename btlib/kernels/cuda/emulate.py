@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .limits import LOG2E
+from ..gpu_limits import LOG2E
 
 __all__ = ["available", "load", "emulated_attention", "emulated_varlen_attention", "cuda_include_dir"]
 
