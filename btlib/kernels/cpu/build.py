@@ -38,6 +38,9 @@ from pathlib import Path
 
 import torch
 
+from .. import _build
+from .._build import Extension
+
 __all__ = ["load", "ops", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +57,6 @@ _FLAGS = {
 }
 _X86 = {"avx512bf16": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16"},
         "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"}}
-_state: dict[str, str] = {}  # "error": why the last build failed; "info <isa>": a loaded build
 
 
 def _cpu_flags() -> set[str]:
@@ -94,16 +96,21 @@ def _compiler() -> str:
     return os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension invokes
 
 
-def available() -> str | None:
-    """None if the kernels can be built or are built; else the reason (no compiler, failed build). Never compiles."""
-    if "error" in _state:
-        return _state["error"]
-    if any(key.startswith("info") for key in _state):
-        return None
+def _toolchain() -> str | None:
     if shutil.which(_compiler()) is None:
         return (f"no C++ compiler: {_compiler()!r} is not on PATH (install g++ or set CXX); "
                 "btlib.attention falls back to PyTorch's kernels")
     return None
+
+
+_ext = Extension("C++ attention kernels", "C++ kernels",
+                 "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
+                 "backend='torch_sdpa' or 'reference' choose one explicitly.", _toolchain)
+
+
+def available() -> str | None:
+    """None if the kernels can be built or are built; else the reason (no compiler, failed build). Never compiles."""
+    return _ext.available()
 
 
 def _name(isa_: str | None = None) -> str:
@@ -112,9 +119,7 @@ def _name(isa_: str | None = None) -> str:
 
 def build_directory(isa_: str | None = None) -> Path:
     """Where the library is cached: $TORCH_EXTENSIONS_DIR/<name>, else torch's default."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(_name(isa_), verbose=False))
+    return _build.build_directory(_name(isa_))
 
 
 def library_path(isa_: str | None = None) -> Path:
@@ -126,11 +131,12 @@ def _needs_build(isa_: str) -> bool:
     return not lib.exists() or lib.stat().st_mtime < max(f.stat().st_mtime for f in [SOURCE, *HEADERS])
 
 
-def _thread_flags() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _thread_flags() -> tuple[str, ...]:
     """-fopenmp where torch's at::parallel_for is OpenMP and the compiler has it (not Apple clang)."""
     if sys.platform == "darwin" or not torch.backends.openmp.is_available():
-        return []
-    return ["-fopenmp"]
+        return ()
+    return ("-fopenmp",)
 
 
 def load(isa: str | None = None) -> str:
@@ -142,30 +148,12 @@ def load(isa: str | None = None) -> str:
     isa_ = isa or globals()["isa"]()
     if isa_ not in _FLAGS:
         raise ValueError(f"isa must be one of {', '.join(_FLAGS)}; got {isa_!r}")
-    if f"info {isa_}" in _state:
-        return _state[f"info {isa_}"]
-    why = available()
-    if why:
-        raise RuntimeError(f"btlib C++ attention kernels unavailable: {why}")
-    from torch.utils import cpp_extension
-
-    if _needs_build(isa_):
-        print(f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ...",
-              file=sys.stderr, flush=True)
     flags = ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS=btlib_cpu_{isa_}", *_thread_flags(), *_FLAGS[isa_]]
-    try:
-        cpp_extension.load(name=_name(isa_), sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=_thread_flags(),
-                           extra_include_paths=[str(HERE)], is_python_module=False, verbose=False)
-    except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
-        if isa_ == globals()["isa"]():  # the registered kernels' build: backend="auto" falls back from now on
-            _state["error"] = f"building the C++ kernels failed ({type(e).__name__}); see the first error for the compiler output"
-        raise RuntimeError(
-            f"btlib: building the C++ attention kernels failed: {e}\n"
-            "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
-            "backend='torch_sdpa' or 'reference' choose one explicitly."
-        ) from e
-    _state[f"info {isa_}"] = getattr(torch.ops, f"btlib_cpu_{isa_}").build_info()
-    return _state[f"info {isa_}"]
+    announce = lambda: (f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ..."  # noqa: E731
+                        if _needs_build(isa_) else None)
+    # Only the registered kernels' build switches backend="auto" to PyTorch's kernels when it fails.
+    return _ext.load(isa_, _name(isa_), f"btlib_cpu_{isa_}", announce, remember_failure=isa_ == globals()["isa"](),
+                     sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
 
 
 def ops(isa: str | None = None):

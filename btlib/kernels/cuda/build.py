@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .. import _build
+from .._build import Extension
 
 __all__ = ["load", "available", "nvcc", "nvcc_compile", "binding_syntax_check", "SOURCES", "build_directory"]
 
@@ -32,7 +34,6 @@ KERNEL = HERE / "flash_attn.cu"
 SOURCES = [HERE / "binding.cpp", KERNEL]
 HEADERS = [HERE / "flash_attn.h", HERE / "flash_attn_kernel.cuh"]
 NAME = "btlib_cuda_attention"
-_state: dict[str, str] = {}  # "error": why the last build failed; "info": the loaded build
 
 
 def nvcc() -> str | None:
@@ -43,12 +44,7 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def available() -> str | None:
-    """None if the CUDA kernel can be built or is built here; else the reason. Cheap: never compiles."""
-    if "error" in _state:
-        return _state["error"]
-    if "info" in _state:
-        return None
+def _toolchain() -> str | None:
     if torch.version.cuda is None:
         return (f"needs a CUDA build of torch (this is {torch.__version__}, a CPU build) and a CUDA GPU; "
                 "btlib.attention falls back to the other kernels")
@@ -59,11 +55,19 @@ def available() -> str | None:
     return None
 
 
+_ext = Extension("CUDA attention kernel", "CUDA kernel",
+                 "btlib.attention(backend='auto') now uses the other kernels; backend='triton_flash' or 'torch_sdpa' choose one.",
+                 _toolchain)
+
+
+def available() -> str | None:
+    """None if the CUDA kernel can be built or is built here; else the reason. Cheap: never compiles."""
+    return _ext.available()
+
+
 def build_directory() -> Path:
     """Where the library is cached: $TORCH_EXTENSIONS_DIR/btlib_cuda_attention, else torch's default."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(NAME, verbose=False))
+    return _build.build_directory(NAME)
 
 
 def load() -> str:
@@ -72,27 +76,10 @@ def load() -> str:
     Raises RuntimeError with the compiler's message if the build fails; afterwards
     :func:`available` reports the failure, so ``backend="auto"`` moves on to the next kernel.
     """
-    if "info" in _state:
-        return _state["info"]
-    why = available()
-    if why:
-        raise RuntimeError(f"btlib CUDA attention kernel unavailable: {why}")
-    from torch.utils import cpp_extension
-
-    print(f"btlib: building the CUDA attention kernel into {build_directory()} (first use: about a minute; later: milliseconds) ...",
-          file=sys.stderr, flush=True)
-    try:
-        cpp_extension.load(name=NAME, sources=[str(s) for s in SOURCES], extra_include_paths=[str(HERE)],
-                           extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
-                           is_python_module=False, verbose=False)
-    except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
-        _state["error"] = f"building the CUDA kernel failed ({type(e).__name__}); see the first error for the compiler output"
-        raise RuntimeError(
-            f"btlib: building the CUDA attention kernel failed: {e}\n"
-            "btlib.attention(backend='auto') now uses the other kernels; backend='triton_flash' or 'torch_sdpa' choose one."
-        ) from e
-    _state["info"] = torch.ops.btlib_cuda.build_info()
-    return _state["info"]
+    announce = lambda: (f"btlib: building the CUDA attention kernel into {build_directory()} "  # noqa: E731
+                        "(first use: about a minute; later: milliseconds) ...")
+    return _ext.load("cuda", NAME, "btlib_cuda", announce, sources=[str(s) for s in SOURCES], extra_include_paths=[str(HERE)],
+                     extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"])
 
 
 def nvcc_compile(archs: tuple[int, ...] = (75, 80, 90), out: str | Path | None = None, *, verbose: bool = False) -> tuple[str, float]:

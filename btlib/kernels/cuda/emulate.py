@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._build import build_directory
 from ..gpu_limits import LOG2E
 
 __all__ = ["available", "load", "emulated_attention", "emulated_varlen_attention", "cuda_include_dir"]
@@ -72,9 +73,7 @@ def load() -> ctypes.CDLL:
     why = available()
     if why:
         raise RuntimeError(f"btlib CUDA kernel emulator unavailable: {why}")
-    from torch.utils.cpp_extension import _get_build_directory
-
-    out = Path(_get_build_directory("btlib_cuda_emulator", verbose=False)) / "btlib_cuda_emulator.so"
+    out = build_directory("btlib_cuda_emulator") / "btlib_cuda_emulator.so"
     if not out.exists() or out.stat().st_mtime < max(s.stat().st_mtime for s in SOURCES):
         cmd = [_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{cuda_include_dir()}",
                str(HERE / "emulate.cpp"), "-o", str(out)]
