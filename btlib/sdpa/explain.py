@@ -19,43 +19,22 @@ gate functions, live, for every backend, and returns all the reasons each one re
 - jagged nested tensors: the gates of torch/nested/_internal/sdpa.py, which log their reasons.
 
 :meth:`SDPAReport.confirm` checks the prediction against the profiler, and :func:`run_forced`
-runs SDPA itself under one forced backend: the independent check of every refusal.
+(forced.py) runs SDPA itself under one forced backend: the independent check of every refusal.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import re
-import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPAParams, SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPAParams, SDPBackend
 
-from .observe import ops_that_ran
+from .forced import BACKENDS, SDPA_OPS, catch_messages, clean_messages, forced_backend
 
-__all__ = ["SDPAReport", "ForcedRun", "explain_sdpa", "run_forced", "sdpa_ops", "SDPA_OPS", "BACKENDS"]
+__all__ = ["SDPAReport", "explain_sdpa"]
 
-BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
-
-# (device, layout) -> backend -> the aten op the profiler shows when that backend runs.
-SDPA_OPS: dict[tuple[str, str], dict[str, str]] = {
-    ("cpu", "dense"): {"FLASH_ATTENTION": "aten::_scaled_dot_product_flash_attention_for_cpu",
-                       "MATH": "aten::_scaled_dot_product_attention_math"},
-    ("cuda", "dense"): {"FLASH_ATTENTION": "aten::_scaled_dot_product_flash_attention",
-                        "EFFICIENT_ATTENTION": "aten::_scaled_dot_product_efficient_attention",
-                        "CUDNN_ATTENTION": "aten::_scaled_dot_product_cudnn_attention",
-                        "MATH": "aten::_scaled_dot_product_attention_math"},
-    ("any", "jagged"): {"FLASH_ATTENTION": "aten::_flash_attention_forward",
-                        "EFFICIENT_ATTENTION": "aten::_efficient_attention_forward",
-                        "CUDNN_ATTENTION": "aten::_cudnn_attention_forward",
-                        "MATH": "aten::_scaled_dot_product_attention_math"},
-}
-_ALL_OPS = {op for table in SDPA_OPS.values() for op in table.values()}
 # backend -> the switch in torch.backends.cuda (global, CPU included): {flag}_sdp_enabled / enable_{flag}_sdp
 _SWITCH = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "mem_efficient", "CUDNN_ATTENTION": "cudnn", "MATH": "math"}
 _CAN_USE = {"FLASH_ATTENTION": "can_use_flash_attention", "EFFICIENT_ATTENTION": "can_use_efficient_attention",
@@ -120,48 +99,6 @@ class SDPAReport:
         p.text(str(self))
 
 
-_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
-_HEADER = re.compile(r"kernel not used because:$", re.IGNORECASE)
-
-
-def _clean(messages: Iterable[str]) -> list[str]:
-    """Drop torch's section headers and source locations; keep each reason once, in order."""
-    out = [_TRIGGERED.sub("", str(m)).strip() for m in messages]
-    return list(dict.fromkeys(m for m in out if m and not _HEADER.search(m)))
-
-
-class _LogCatcher(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def _catch(logger: str = "torch.nested._internal.sdpa") -> Iterator[list[str]]:
-    """Collect torch's warnings (TORCH_WARN) and the nested SDPA logger's records, without printing them."""
-    log, catcher = logging.getLogger(logger), _LogCatcher()
-    propagate = log.propagate
-    log.addHandler(catcher)
-    log.propagate = False
-    messages: list[str] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield messages
-    finally:
-        log.removeHandler(catcher)
-        log.propagate = propagate
-        messages += [str(w.message) for w in caught] + catcher.messages
-
-
-def forced_backend(backend: str) -> contextlib.AbstractContextManager:
-    """A context in which SDPA may use only ``backend`` (an SDPBackend name, e.g. "FLASH_ATTENTION")."""
-    return sdpa_kernel([SDPBackend.__members__[backend]])
-
-
 def _disabled(backend: str) -> list[str]:
     flag = _SWITCH[backend]
     if getattr(torch.backends.cuda, f"{flag}_sdp_enabled")():
@@ -172,12 +109,12 @@ def _disabled(backend: str) -> list[str]:
 def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
     reasons = {}
     for b in BACKENDS:
-        with _catch() as msgs, forced_backend(b):
+        with catch_messages() as msgs, forced_backend(b):
             try:
                 choice, error = torch._fused_sdp_choice(*args, **kwargs), None
             except (RuntimeError, NotImplementedError) as e:
                 choice, error = None, str(e)
-        why = _clean(msgs)
+        why = clean_messages(msgs)
         if choice == SDPBackend.__members__[b].value:
             reasons[b] = []
         elif why:
@@ -191,11 +128,11 @@ def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
 def _can_use(backend: str, params: SDPAParams, device: str) -> list[str]:
     """torch.backends.cuda.can_use_*(params, debug=True) with only ``backend`` enabled: its reasons."""
     name = _CAN_USE[backend]
-    with _catch() as msgs, forced_backend(backend):
+    with catch_messages() as msgs, forced_backend(backend):
         ok = getattr(torch.backends.cuda, name)(params, True)
     if ok:
         return []
-    why = _clean(msgs)
+    why = clean_messages(msgs)
     build = " (always, on a torch build without CUDA)" if torch.version.cuda is None else ""
     return why or [f"torch.backends.cuda.{name}(params) is False for these {device} inputs and gives no reason{build}"]
 
@@ -209,15 +146,15 @@ def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: 
     reasons = {}
     for b in BACKENDS:
         if b == "MATH":
-            with _catch() as msgs:
+            with catch_messages() as msgs:
                 ok = nsdpa._can_use_math_sdpa_jagged(params, True)
-            reasons[b] = [] if ok else _clean(msgs) or ["refused by _can_use_math_sdpa_jagged"]
+            reasons[b] = [] if ok else clean_messages(msgs) or ["refused by _can_use_math_sdpa_jagged"]
             continue
         why = _can_use(b, params, q.device.type)
         if b in jagged_gate:
-            with _catch() as msgs, forced_backend(b):
+            with catch_messages() as msgs, forced_backend(b):
                 ok = jagged_gate[b](params, True)
-            why += [] if ok else _clean(msgs) or [f"refused by {jagged_gate[b].__name__}"]
+            why += [] if ok else clean_messages(msgs) or [f"refused by {jagged_gate[b].__name__}"]
         reasons[b] = why
     return reasons
 
@@ -265,7 +202,7 @@ def explain_sdpa(
             return SDPAReport(device, layout, None, {b: [f"input refused before any backend is asked: {e}"] for b in BACKENDS},
                               order, str(e), notes)
         reasons = _jagged(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
-        with _catch():
+        with catch_messages():
             choice = nsdpa._select_sdp_backend(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
         chosen_val = choice.value
     else:
@@ -280,10 +217,10 @@ def explain_sdpa(
             params = SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
             reasons = {b: [] if b == "MATH" else _can_use(b, params, device) for b in BACKENDS}
         try:
-            with _catch():
+            with catch_messages():
                 chosen_val = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         except (RuntimeError, NotImplementedError) as e:
-            chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {_clean([str(e)]) or [type(e).__name__]}"]
+            chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {clean_messages([str(e)]) or [type(e).__name__]}"]
     for b in BACKENDS:
         reasons[b] = _disabled(b) + reasons[b]
     chosen = next((n for n, m in SDPBackend.__members__.items() if m.value == chosen_val and n in BACKENDS), None)
@@ -291,33 +228,3 @@ def explain_sdpa(
     if chosen and not reasons[chosen] == []:
         notes.append(f"torch chose {chosen} although its checks refuse it: report this explainer's gap")
     return SDPAReport(device, layout, chosen, reasons, order, error, notes)
-
-
-def sdpa_ops(ops: Iterable[str]) -> list[str]:
-    """The SDPA backend ops among profiler op names, sorted."""
-    return sorted(set(ops) & _ALL_OPS)
-
-
-@dataclass
-class ForcedRun:
-    """SDPA run with one backend forced: the backend ops that ran, or the refusal torch printed and raised."""
-
-    backend: str
-    ran: bool
-    ops: list[str]
-    messages: list[str]
-
-    def __str__(self) -> str:
-        return f"{self.backend:20s} " + (f"ran {', '.join(self.ops)}" if self.ran else "refused: " + " | ".join(self.messages))
-
-
-def run_forced(backend: str, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> ForcedRun:
-    """Run ``F.scaled_dot_product_attention(q, k, v, **kwargs)`` with only ``backend`` enabled."""
-    with _catch() as msgs:
-        with forced_backend(backend):
-            try:
-                ops, error = ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs)), None
-            except (RuntimeError, ValueError) as e:
-                ops, error = set(), str(e)
-    messages = _clean(msgs) + ([_clean([error])[0]] if error else [])
-    return ForcedRun(backend, error is None, sdpa_ops(ops), messages)
