@@ -5,11 +5,12 @@ One kernel, two layouts (the ``VARLEN`` constexpr picks one at compile time):
     padded  q: (B, H, T, D), k, v: (B, H, S, D), lengths (B,) optional -> (B, H, T, D)
     varlen  q, k, v: (total, H, D), cu_seqlens (B + 1,) int32, max_seqlen -> (total, H, D)
 
-Program (pid_bh, pid_m) owns BLOCK_M query rows of one (batch, head): it loads Q once, streams
-K and V through in BLOCK_N-row tiles, and keeps the running max m, the running sum l and the
+Tiles are named as in the paper (and in btlib's C++ and CUDA kernels): Br query rows by Bc key
+rows. Program (pid_bh, pid_m) owns Br query rows of one (batch, head): it loads Q once, streams
+K and V through in Bc-row tiles, and keeps the running max m, the running sum l and the
 output accumulator in registers, so the T x S score matrix never reaches HBM (FlashAttention,
 Dao et al. 2022, Algorithm 1; the layout follows the Triton fused-attention tutorial).
-HBM traffic: Q, O once, K and V once per query block: (2 + 2 * T / BLOCK_M) * T * D elements
+HBM traffic: Q, O once, K and V once per query block: (2 + 2 * T / Br) * T * D elements
 per (b, h) instead of the naive kernel's extra 2-3 T * S score reads and writes.
 
 Precision: tl.dot accumulates in fp32 for every input dtype; P is rounded to the input dtype
@@ -55,7 +56,7 @@ def attn_fwd(
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
     H, Tq, Tk, D, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    Br: tl.constexpr, Bc: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -78,27 +79,27 @@ def attn_fwd(
         else:
             Lq = Tq
             Lk = Tk
-    start_m = pid_m * BLOCK_M
+    start_m = pid_m * Br
     if start_m < rows_out:  # varlen: programs past a short sequence's end have no rows
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
+        offs_m = start_m + tl.arange(0, Br)
+        offs_n = tl.arange(0, Bc)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
         q = tl.load(q_base + (row0 + offs_m)[:, None] * stride_qt + offs_d[None, :],
-                    mask=(offs_m < Lq)[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D), stays in registers
+                    mask=(offs_m < Lq)[:, None] & d_ok[None, :], other=0.0)  # (Br, BLOCK_D), stays in registers
 
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of S (log2 units)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running row sum of exp2(S - m)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running P V, rescaled as m grows
+        m_i = tl.full([Br], float("-inf"), tl.float32)  # running row max of S (log2 units)
+        l_i = tl.zeros([Br], dtype=tl.float32)  # running row sum of exp2(S - m)
+        acc = tl.zeros([Br, BLOCK_D], dtype=tl.float32)  # running P V, rescaled as m grows
 
         hi = Lk
         if CAUSAL:
-            hi = tl.minimum(hi, start_m + BLOCK_M)  # key tiles past the block's last query are all masked
+            hi = tl.minimum(hi, start_m + Br)  # key tiles past the block's last query are all masked
         hi = tl.where(start_m < Lq, hi, 0)  # padded query rows: no keys to read, output 0
-        for start_n in range(0, hi, BLOCK_N):
+        for start_n in range(0, hi, Bc):
             cols = start_n + offs_n
             kv_ok = (cols < Lk)[:, None] & d_ok[None, :]
             k = tl.load(k_base + (row0 + cols)[:, None] * stride_kt + offs_d[None, :], mask=kv_ok, other=0.0)
@@ -116,7 +117,7 @@ def attn_fwd(
             # A row with no allowed key so far keeps m = -inf; subtracting 0 instead of -inf
             # keeps exp2 at 0 (not NaN) for it, so fully masked rows end with l = 0 and O = 0.
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])  # P = exp(S - m_new): (BLOCK_M, BLOCK_N)
+            p = tl.exp2(s - m_safe[:, None])  # P = exp(S - m_new): (Br, Bc)
             alpha = tl.exp2(m_i - m_safe)  # rescale l and O to the new max
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
@@ -142,18 +143,18 @@ SHARED_LIMIT = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90:
 def block_config(head_dim: int, dtype: torch.dtype, capability: int) -> dict:
     """Tile sizes and launch settings for one head_dim, dtype and GPU (capability 75 = T4, 80 = A100, 90 = H100).
 
-    The K and V tiles (BLOCK_N x BLOCK_D, num_stages copies each) and Q (BLOCK_M x BLOCK_D) live
+    The K and V tiles (Bc x BLOCK_D, num_stages copies each) and Q (Br x BLOCK_D) live
     in shared memory. A T4 has 64 KiB per block and no asynchronous copies (num_stages=1 there);
     tests/test_gpu_kernels.py compiles them for sm_75, sm_80 and sm_90 and checks they fit (SHARED_LIMIT).
     """
     BLOCK_D = max(16, triton.next_power_of_2(head_dim))
     if dtype == torch.float32:  # 4-byte elements, and ieee fp32 dots run on FMA units: small tiles
-        BLOCK_M, BLOCK_N, stages = 64, 32, (1 if capability < 80 else 2)
+        Br, Bc, stages = 64, 32, (1 if capability < 80 else 2)
     elif capability < 80:  # T4: 64 KiB of shared memory, no cp.async (one stage), no tensor cores in Triton 3.9
-        BLOCK_M, BLOCK_N, stages = 64, (64 if BLOCK_D <= 64 else 32), 1
+        Br, Bc, stages = 64, (64 if BLOCK_D <= 64 else 32), 1
     else:  # A100 (163 KiB), H100 (227 KiB): double-buffered K/V tiles
-        BLOCK_M, BLOCK_N, stages = 128, (64 if BLOCK_D <= 64 or capability >= 90 else 32), 2
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D <= 64 else 8, num_stages=stages)
+        Br, Bc, stages = 128, (64 if BLOCK_D <= 64 or capability >= 90 else 32), 2
+    return dict(Br=Br, Bc=Bc, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D <= 64 else 8, num_stages=stages)
 
 
 def _capability(device: torch.device) -> int:
@@ -192,7 +193,7 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
     cfg.update(blocks or {})
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     dummy = torch.empty(1, dtype=torch.int32, device=q.device)
-    grid = (B * H, triton.cdiv(max(grid_m, 1), cfg["BLOCK_M"]))
+    grid = (B * H, triton.cdiv(max(grid_m, 1), cfg["Br"]))
     if B * H == 0 or q.numel() == 0:
         return o
     # Interpreter workarounds for bf16 (Triton 3.9): its tl.dot multiplies raw bf16 bit patterns
@@ -221,7 +222,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None =
         q: (B, H, T, D); k, v: (B, H, S, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
         lengths: (B,) int, real tokens per sequence (keys j >= L ignored, rows t >= L output 0).
         causal: query i attends keys j <= i.  scale: defaults to 1 / sqrt(D).
-        blocks: overrides of :func:`block_config` (e.g. ``{"BLOCK_M": 16, "BLOCK_N": 16}``).
+        blocks: overrides of :func:`block_config` (e.g. ``{"Br": 16, "Bc": 16}``).
 
     Returns:
         (B, H, T, D) in q's dtype.
@@ -241,7 +242,7 @@ def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     Args:
         q, k, v: (total, H, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
         cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
-        max_seqlen: the longest sequence (sets the grid: B * H * ceil(max_seqlen / BLOCK_M) programs).
+        max_seqlen: the longest sequence (sets the grid: B * H * ceil(max_seqlen / Br) programs).
 
     Returns:
         (total, H, D) in q's dtype.

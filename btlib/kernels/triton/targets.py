@@ -45,7 +45,7 @@ class Compiled:
     def __str__(self) -> str:
         c = self.config
         return (f"sm_{self.capability} {self.dtype:8s} D={self.head_dim:<3d} {'varlen' if self.varlen else 'padded'} "
-                f"{'causal' if self.causal else 'full  '}  BLOCK_M={c['BLOCK_M']:<3d} BLOCK_N={c['BLOCK_N']:<3d} "
+                f"{'causal' if self.causal else 'full  '}  Br={c['Br']:<3d} Bc={c['Bc']:<3d} "
                 f"stages={c['num_stages']}  shared {self.shared_bytes // 1024:3d} KiB  "
                 f"tensor cores: {'yes' if self.tensor_cores else 'no '}  cubin {self.cubin_bytes // 1024} KiB  ({self.seconds:.1f} s)")
 
@@ -63,7 +63,7 @@ def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: i
         raise RuntimeError("TRITON_INTERPRET=1 is set in this process: the interpreter replaced the compiler. "
                            "Compile in a process without it (python -m btlib.kernels.triton.targets).")
     cfg = block_config(head_dim, dtype, capability)
-    constexprs = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], VARLEN=varlen,
+    constexprs = dict(Br=cfg["Br"], Bc=cfg["Bc"], BLOCK_D=cfg["BLOCK_D"], VARLEN=varlen,
                       HAS_LENGTHS=not varlen, CAUSAL=causal, DOT_FP32=False,
                       PRECISION="ieee" if dtype == torch.float32 else "tf32")
     signature = {name: "i32" for name in attn_fwd.arg_names}  # strides, H, Tq, Tk, D
