@@ -11,7 +11,7 @@ Each nn.Linear y = x W^T + b (x: (M, K) tokens, W: (N, K)) becomes
     y     = acc * w * s + b                                  fp32
 
 ``a`` (K,) is SmoothQuant's per-input-channel scale (Xiao et al. 2023, arXiv:2211.10438):
-a_k = max|x_k|^alpha / max|W_k|^(1 - alpha), calibrated on a few sentences, moves activation
+a_k = max|x_k|^alpha / max|W_k|^(1 - alpha), calibrated on a few sentences (btlib.smoothquant), moves activation
 outliers into the weights; a = 1 without calibration. Attention, LayerNorm, GELU and residuals
 stay fp32. Per-token activation scales, not ORT's one scale per tensor: a token whose hidden
 state has a large outlier no longer squeezes every other token's resolution.
@@ -41,7 +41,7 @@ from .attention import varlen_attention
 from .device import SlowPrecisionWarning
 from .packed_encoder import PackedEncoder
 
-__all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "calibrate", "int8_gemm_gflops", "int8_slow_reason",
+__all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kernels", "int8_gemm_gflops", "int8_slow_reason",
            "warn_if_slow_int8", "LINEARS"]
 
 LINEARS = ("qkv", "out_proj", "linear1", "linear2")  # the four GEMMs of a layer, in order
@@ -146,6 +146,8 @@ class Int8PackedEncoder(PackedEncoder):
         super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first)
         self.qlinears = qlinears
         self.precision = "int8"
+        # {layer index: linears kept fp32}, e.g. {3: ("linear2",)}
+        self.kept_fp32 = {i: tuple(n for n in LINEARS if n not in q) for i, q in enumerate(qlinears) if len(q) < len(LINEARS)}
         self._q = {id(layer): q for layer, q in zip(self.layers, qlinears)}
 
     def _attention(self, layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int,
@@ -174,50 +176,12 @@ class Int8PackedEncoder(PackedEncoder):
         return q8["linear2"](h) if "linear2" in q8 else layer.linear2(h)
 
 
-class _Recorder(PackedEncoder):
-    """The same layers, recording max |x_k| of every linear's input (FFN unfused so its activation is seen)."""
-
-    def __init__(self, packed: PackedEncoder):
-        super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first)
-        self.stats: dict[int, dict[str, Tensor]] = {id(layer): {} for layer in packed.layers}
-
-    def keep(self, layer: nn.Module, name: str, x: Tensor) -> None:
-        m, seen = x.detach().abs().amax(0).float(), self.stats[id(layer)]
-        seen[name] = torch.maximum(seen[name], m) if name in seen else m
-
-    def _attention(self, layer, x, cu_seqlens, max_seqlen, *kernel):
-        self.keep(layer, "qkv", x)
-        hook = layer.self_attn.out_proj.register_forward_pre_hook(lambda m, args: self.keep(layer, "out_proj", args[0]))
-        try:
-            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel)
-        finally:
-            hook.remove()
-
-    def _feed_forward(self, layer, x):
-        self.keep(layer, "linear1", x)
-        h = layer.activation(layer.linear1(x))
-        self.keep(layer, "linear2", h)
-        return layer.linear2(h)
-
-
-@torch.inference_mode()
-def calibrate(packed: PackedEncoder, batches: list[tuple[Tensor, Tensor, int]]) -> list[dict[str, Tensor]]:
-    """Per layer, per linear (:data:`LINEARS`): max |x_k| of that linear's input over the calibration tokens, (K,) float32.
-
-    batches: (x (total, d) float32, cu_seqlens (B + 1,) int32, max_seqlen) as forward_packed takes them.
-    """
-    rec = _Recorder(packed)
-    for x, cu_seqlens, max_seqlen in batches:
-        rec.forward_packed(x, cu_seqlens, max_seqlen)
-    return [rec.stats[id(layer)] for layer in packed.layers]
-
-
 def quantize(packed: PackedEncoder, *, keep_fp32: dict[int, tuple[str, ...]] | tuple[str, ...] = (),
              stats: list[dict[str, Tensor]] | None = None, alpha: float = 0.5) -> Int8PackedEncoder:
     """An int8 twin of ``packed`` (fp32): the same call signature, its linear layers in int8.
 
     keep_fp32: linear names (see :data:`LINEARS`) kept fp32 in every layer, or {layer index: names}.
-    stats: :func:`calibrate`'s per-channel activation maxima; given, each int8 linear is smoothed
+    stats: :func:`btlib.smoothquant.calibrate`'s per-channel activation maxima; given, each int8 linear is smoothed
     with a_k = max|x_k|^alpha / max|W_k|^(1 - alpha) (SmoothQuant); None: no smoothing.
     The fp32 layers are shared, not copied; the int8 weights are new buffers (about 1/4 of fp32's bytes).
     """
@@ -291,59 +255,3 @@ def warn_if_slow_int8(what: str, stacklevel: int = 3) -> bool:
         warnings.warn(SlowPrecisionWarning(f"{what}: {why}. It runs as asked; precision='fp32' or 'auto' is faster here."),
                       stacklevel=stacklevel)
     return True
-
-
-# --- A pretrained model in int8: calibrate, measure each linear's sensitivity, keep the worst fp32 -------------
-
-# Calibration texts written for this module (not the workbook's corpora, which the benchmarks evaluate on):
-# short queries and a paragraph, so the activation maxima cover both ends of the length range.
-CALIBRATION_TEXTS = (
-    "Hello world", "How are you!", "Cancel my order", "What time does the museum open on Sundays?",
-    "The package arrived two days late and the box was damaged.",
-    "Please send the invoice for March to the finance team before Friday.",
-    "Best hiking trails near the lake", "Error 502 when uploading photos from the mobile app",
-    "She planted tomatoes along the south wall, where the afternoon sun stayed longest, and every evening "
-    "she carried water from the well in two tin buckets. By August the vines had climbed past the window, "
-    "heavy with fruit, and the neighbours came by with baskets, asking how a garden so small could give so much.",
-)
-
-
-def _pooled(out: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Mean over each sequence of packed (total, d) -> (B, d)."""
-    lengths = cu_seqlens.diff().long()
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    return torch.zeros(len(lengths), out.shape[1]).index_add_(0, seq, out) / lengths.view(-1, 1)
-
-
-@torch.inference_mode()
-def sensitivity(packed: PackedEncoder, batches: list[tuple[Tensor, Tensor, int]],
-                stats: list[dict[str, Tensor]] | None = None, alpha: float = 0.5) -> dict[tuple[int, str], float]:
-    """(layer, linear) -> 1 - min cosine of mean-pooled outputs when only that linear runs in int8, over ``batches``."""
-    ref = [_pooled(packed.forward_packed(x, cu, T), cu) for x, cu, T in batches]
-    everything = {i: LINEARS for i in range(len(packed.layers))}
-    out = {}
-    for i in range(len(packed.layers)):
-        for name in LINEARS:
-            one = quantize(packed, keep_fp32={**everything, i: tuple(n for n in LINEARS if n != name)}, stats=stats, alpha=alpha)
-            cos = min(F.cosine_similarity(_pooled(one.forward_packed(x, cu, T), cu), r).min().item()
-                      for (x, cu, T), r in zip(batches, ref))
-            out[(i, name)] = 1.0 - cos
-    return out
-
-
-def quantize_auto(packed: PackedEncoder, batches: list[tuple[Tensor, Tensor, int]], *, alpha: float = 0.5,
-                  keep: int = 1) -> Int8PackedEncoder:
-    """SmoothQuant (alpha) calibrated on ``batches``, with the ``keep`` linears most sensitive on them kept fp32.
-
-    What encode(precision="int8") uses. On all-MiniLM-L6-v2 (btlib.bench.pretrained's three corpora, 1,000+
-    embeddings): plain per-channel int8 min cosine 0.980; SmoothQuant alpha 0.5 0.995; plus layer 3's FFN
-    output linear (the most sensitive of the 24) kept fp32: 0.996.
-    """
-    stats = calibrate(packed, batches)
-    sens = sensitivity(packed, batches, stats, alpha)
-    kept: dict[int, tuple[str, ...]] = {}
-    for i, name in sorted(sens, key=sens.get, reverse=True)[:keep]:
-        kept[i] = kept.get(i, ()) + (name,)
-    q8 = quantize(packed, keep_fp32=kept, stats=stats, alpha=alpha)
-    q8.kept_fp32 = kept
-    return q8

@@ -105,9 +105,9 @@ class PretrainedEncoder(nn.Module):
         return self._packed[dtype]
 
     def int8_encoder(self) -> PackedEncoder:
-        """The int8 twin of :meth:`packed_encoder` (btlib.quant.quantize_auto), calibrated on btlib.quant.CALIBRATION_TEXTS; cached."""
+        """The int8 twin of :meth:`packed_encoder` (btlib.smoothquant.quantize_auto on its CALIBRATION_TEXTS); cached."""
         if self._int8 is None:
-            from ..quant import CALIBRATION_TEXTS, quantize_auto
+            from ..smoothquant import CALIBRATION_TEXTS, quantize_auto
 
             with torch.inference_mode():
                 batch = self._packed_inputs(self.tokenize(CALIBRATION_TEXTS))
