@@ -1,4 +1,4 @@
-"""Command line: ``python -m btlib.bench list``, ``run NAME [--quick] [--threads N] [--rounds N] [--json PATH]``, ``summary [PATH ...]``."""
+"""Command line: ``python -m btlib.bench list``, ``run NAME [--quick] [--threads N] [--rounds N] [--runs N] [--json PATH]``, ``summary [PATH ...]``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     r.add_argument("--json", default=None, help="write the rows to this JSON-lines file")
     r.add_argument("--rounds", type=int, default=1, help="run N times, keep each (provider, x)'s best row (noisy machines)")
+    r.add_argument("--runs", type=int, default=None, help="time exactly N calls after one warm-up (default: 5 or more, >= 0.5 s)")
     r.add_argument("--providers", default=None, help="comma-separated subset of the providers, e.g. fastpath,btlib_packed")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter, e.g. --set B=32 --set T=256 --set x_vals=[0.5,0.75] (Python literals)")
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(quick=args.quick or None, threads=args.threads, params=params, x_vals=x_vals,
                       providers=args.providers.split(",") if args.providers else None,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if args.runs:
+            kwargs.update(warmup=1, min_runs=args.runs, max_runs=args.runs, min_time_s=0.0)
         if args.rounds > 1:
             from .cpu_attention import run_rounds
 
