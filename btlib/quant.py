@@ -16,11 +16,13 @@ outliers into the weights; a = 1 without calibration. Attention, LayerNorm, GELU
 stay fp32. Per-token activation scales, not ORT's one scale per tensor: a token whose hidden
 state has a large outlier no longer squeezes every other token's resolution.
 
-Why torch._int_mm: measured on torch 2.13 CPU (AVX-512 VNNI, 2 threads), (2048, 384) x (384, 1536):
-fp32 ~160 GFLOP/s, torch._int_mm ~1800 (with this module's Python quantise + rescale ~900-1100),
-fbgemm's quantized.linear_dynamic ~1200 (one scale per tensor only; its quantized-tensor API is
-deprecated), torchao 0.18's Int8DynamicActivationInt8Weight in eager mode ~40 (it needs
-torch.compile). :func:`int8_gemm_gflops` measures this machine; :func:`int8_slow_reason` says
+Why torch._int_mm: measured on torch 2.13 CPU (AMD EPYC with AVX-512 VNNI, 2 threads, best of 20), in
+GFLOP/s (GOP/s for int8) of a whole (4096, 384) x (384, 1152) linear: fp32 F.linear 198; fbgemm's
+quantized.linear_dynamic 1280 and oneDNN's 1506 (one activation scale per *tensor*, so an embedding
+depends on its batch-mates; built on the deprecated quantized-tensor API); torch._int_mm alone 1869,
+and this module's Int8Linear around it (per-token scales, fused passes of kernels/cpu/int8.cpp) 1076,
+or 938 with plain torch ops; torchao 0.18's Int8DynamicActivationInt8Weight in eager mode 236 (it
+wants torch.compile). :func:`int8_gemm_gflops` measures this machine; :func:`int8_slow_reason` says
 where int8 does not pay.
 """
 
