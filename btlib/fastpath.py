@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from .observe import ops_that_ran, run_slow  # noqa: F401  run_slow: btlib/pretrained/model.py imports it from here for now
+from .observe import ops_that_ran
 
 __all__ = ["FastpathReport", "explain_fastpath"]
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..device import PRECISIONS, SlowPrecisionWarning, choose_precision, warn_if_slow_bf16
-from ..fastpath import run_slow
+from ..observe import run_slow
 from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
 from ..padding import lengths_to_cu_seqlens
