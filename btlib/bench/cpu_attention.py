@@ -96,7 +96,7 @@ def _bf16_reference(x: dict) -> dict:
 def _bf16_providers() -> list[Provider]:
     names = [k.name for k in kernels("padded") if torch.bfloat16 in k.dtypes and k.name in ("cpu_flash_v3", "torch_sdpa")]
     return [Provider(n, lambda x, k=get(n): k.fn(*x["bf16"], lengths=None, causal=False, scale=None),
-                     available=get(n).available, label=get(n).description) for n in names]
+                     available=get(n).available, label=get(n).description, precision="bf16") for n in names]
 
 
 declare(Benchmark(
