@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Hardware", "machine", "cpu_name", "bf16_native", "measure_gemm_gflops", "cache_file"]
+__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_gemm_gflops", "cache_file"]
 
 _VERSION = 1  # bump when the measurement changes, so old cached rates are not reused
 _memo: dict[str, "Hardware"] = {}
@@ -97,9 +97,10 @@ def cpu_name() -> str:
     return name or platform.processor() or platform.machine()
 
 
-def _flags() -> str:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on aarch64); empty elsewhere."""
     info = _cpuinfo()
-    return _field(info, "flags") or _field(info, "Features")  # x86 | aarch64
+    return set((_field(info, "flags") or _field(info, "Features")).split())
 
 
 def bf16_native() -> tuple[bool, str]:
@@ -107,7 +108,7 @@ def bf16_native() -> tuple[bool, str]:
     if os.environ.get("BTLIB_ASSUME_NO_BF16", "").lower() in ("1", "true", "yes"):
         return False, "BTLIB_ASSUME_NO_BF16=1"
     arch = platform.machine().lower()
-    flags = set(_flags().split())
+    flags = cpu_flags()
     if arch in ("x86_64", "amd64", "i686", "x86"):
         have = sorted(flags & {"avx512_bf16", "amx_bf16"})
         return (True, f"{' and '.join(have)} in /proc/cpuinfo") if have else (False, "no avx512_bf16 or amx_bf16 on this x86 CPU")
@@ -156,7 +157,7 @@ def cache_file() -> Path | None:
 
 
 def _key(threads: int) -> str:
-    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{_flags()}|{torch.__version__}|{threads}"
+    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}"
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 

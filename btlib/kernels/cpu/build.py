@@ -59,14 +59,6 @@ _X86 = {"avx512bf16": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf
         "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"}}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
 def _arm() -> bool:
     return platform.machine().lower() in ("arm64", "aarch64")
 
@@ -77,7 +69,9 @@ def runnable() -> list[str]:
         return ["portable", "neon"]
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ["portable"]
-    flags = _cpu_flags()
+    from ...hardware import cpu_flags
+
+    flags = cpu_flags()
     return ["portable"] + [name for name in ("avx2", "avx512", "avx512bf16") if _X86[name] <= flags]
 
 

@@ -40,9 +40,11 @@ def _check_bf16(q: Tensor) -> None:
     Silent if btlib already warned about bf16 in this process (PackedEncoder and encode() warn about
     the slower matmuls, which matter more than this).
     """
+    if q.dtype != torch.bfloat16:  # the fp32 hot path pays one comparison
+        return
     from ... import device
 
-    if q.dtype != torch.bfloat16 or device._warned:
+    if device._warned:
         return
     isa = build.isa()
     from ...hardware import bf16_native
