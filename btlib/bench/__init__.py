@@ -1,17 +1,18 @@
 """Benchmarks as data and one runner: ``python -m btlib.bench list | run NAME | summary``.
 
-Every module of this package other than the harness (core, report, memory, __main__) declares
+Every module of this package other than the harness (core, report, memory, verdict, __main__) declares
 benchmarks; :func:`load_all` imports them all, so a new module is picked up by the CLI.
 """
 
 import importlib
 import pkgutil
 
-from .core import BENCHMARKS, Benchmark, Provider, declare, describe_machine, quick_mode, results_dir, run, time_fn
+from .core import BENCHMARKS, Benchmark, Provider, declare, describe_machine, quick_mode, results_dir, run, run_rounds, time_fn
 from .memory import peak_memory
 from .report import load_rows, plot, speedups, table
+from .verdict import Comparison, compare, find_row, noise
 
-_HARNESS = {"core", "report", "memory", "__main__"}
+_HARNESS = {"core", "report", "memory", "verdict", "__main__"}
 
 
 def load_all() -> dict[str, Benchmark]:
@@ -22,5 +23,5 @@ def load_all() -> dict[str, Benchmark]:
     return BENCHMARKS
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run",
-           "time_fn", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]
+__all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run", "run_rounds",
+           "time_fn", "Comparison", "compare", "find_row", "noise", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

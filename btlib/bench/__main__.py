@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs:
             kwargs.update(warmup=1, min_runs=args.runs, max_runs=args.runs, min_time_s=0.0)
         if args.rounds > 1:
-            from .cpu_attention import run_rounds
+            from .core import run_rounds
 
             rows = run_rounds(bench, args.rounds, save=False, **kwargs)
             if args.json:

@@ -6,8 +6,6 @@
   btlib's low-precision rule (Kernel.tolerance): the error against the fp32 reference, divided by twice SDPA's
   own bf16 error, must be <= 1.
 - :func:`matmul_peak`: this machine's fp32 matmul GFLOP/s, the ceiling attention is held against.
-- :func:`run_rounds`: a benchmark run several times, keeping each point's best median; on a shared
-  machine that drops the runs a burst of someone else's work landed on.
 """
 
 from __future__ import annotations
@@ -19,9 +17,9 @@ import torch
 from ..kernels import get, kernels, relative_error
 from ..reference import reference_attention
 from .attention import attn_bytes, attn_flops, dense_qkv
-from .core import Benchmark, Provider, declare, run, time_fn
+from .core import Benchmark, Provider, declare, time_fn
 
-__all__ = ["matmul_peak", "run_rounds"]
+__all__ = ["matmul_peak"]
 
 
 def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = torch.float32, rounds: int = 3) -> float:
@@ -35,22 +33,6 @@ def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = 
     finally:
         torch.set_num_threads(old)
     return 2.0 * n**3 / (ms * 1e-3) / 1e9
-
-
-def run_rounds(bench: Benchmark, rounds: int = 3, **kwargs) -> list[dict]:
-    """:func:`btlib.bench.run` ``rounds`` times; per (provider, x) the row with the lowest median.
-
-    Rounds interleave the providers in time, so the kept rows are still measured side by side;
-    each row records how many rounds it is the best of (``rounds``).
-    """
-    best: dict[tuple, dict] = {}
-    for _ in range(rounds):
-        for row in run(bench, **kwargs):
-            key, kept = (row["provider"], row["x"]), best.get((row["provider"], row["x"]))
-            faster = row["status"] == "ok" and (kept["status"] != "ok" or row["median_ms"] < kept["median_ms"]) if kept else True
-            if faster:
-                best[key] = {**row, "rounds": rounds}
-    return list(best.values())
 
 
 _VERSIONS = ("reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa")

@@ -1,0 +1,72 @@
+"""Verdicts chosen by the data: "faster", "slower" or "equal within noise", with the noise measured.
+
+A sentence such as "the fused kernel is faster" is a fact about one machine. The notebooks print
+it from the measured rows instead of typing it, so it stays true wherever they run:
+
+    >>> a = {"provider": "packed", "median_ms": 50.0, "min_ms": 49.0, "round_medians_ms": [50.0, 51.0]}
+    >>> b = {"provider": "nested", "median_ms": 80.0, "min_ms": 79.0, "round_medians_ms": [80.0, 82.0]}
+    >>> str(compare(a, b))
+    '1.60x faster (noise ±2%)'
+
+The noise of a row is the relative spread of its timings: across rounds when it comes from
+:func:`btlib.bench.run_rounds` (``round_medians_ms``: the same point timed in several rounds,
+interleaved with the other providers), else within its one run (median over min). Two rows differ
+only when their ratio is further from 1 than the larger of their noises (never less than
+``floor``, 2%: below that, clock and cache effects decide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+__all__ = ["Comparison", "compare", "noise", "find_row"]
+
+FLOOR = 0.02
+
+
+def noise(row: dict) -> float:
+    """Relative spread of one row's time: max/min - 1 over its rounds' medians, else median/min - 1."""
+    rounds = row.get("round_medians_ms") or []
+    if len(rounds) >= 2:
+        return max(rounds) / min(rounds) - 1.0
+    return row["median_ms"] / row["min_ms"] - 1.0 if row.get("min_ms") else 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster)."""
+
+    ratio: float
+    noise: float
+
+    @property
+    def verdict(self) -> str:
+        """"faster", "slower" or "equal within noise" (a compared with b)."""
+        if abs(self.ratio - 1.0) <= self.noise:
+            return "equal within noise"
+        return "faster" if self.ratio > 1.0 else "slower"
+
+    def __str__(self) -> str:
+        band = f"noise ±{self.noise:.0%}"
+        if self.verdict == "equal within noise":
+            return f"equal within noise ({self.ratio:.2f}x, {band})"
+        return f"{self.ratio:.2f}x {self.verdict} ({band})"
+
+
+def compare(a: dict, b: dict, *, floor: float = FLOOR) -> Comparison:
+    """Compare two "ok" benchmark rows measured side by side (a against b)."""
+    for r in (a, b):
+        if r.get("status", "ok") != "ok":
+            raise ValueError(f"row {r.get('provider')!r} was not timed ({r.get('status')}: {r.get('reason')}); "
+                             "compare only rows with status 'ok'")
+    return Comparison(ratio=b["median_ms"] / a["median_ms"], noise=max(noise(a), noise(b), floor))
+
+
+def find_row(rows: Sequence[dict], provider: str, x: Any = None, **params: Any) -> dict:
+    """The one row of ``provider`` (at ``x``, with these params) among ``rows``; raises if none or several."""
+    hits = [r for r in rows if r["provider"] == provider and (x is None or r["x"] == x)
+            and all(r.get("params", {}).get(k) == v for k, v in params.items())]
+    if len(hits) != 1:
+        raise LookupError(f"{len(hits)} rows of provider {provider!r} at x={x!r} {params or ''}; expected one")
+    return hits[0]

@@ -1,0 +1,53 @@
+"""btlib.bench.verdict: the word is chosen by the ratio against the measured noise."""
+
+import doctest
+
+import pytest
+
+import btlib.bench.verdict as verdict
+from btlib.bench import compare, find_row, noise
+
+
+def _row(provider, median, lo=None, rounds=None, status="ok"):
+    return {"provider": provider, "x": 1, "status": status, "median_ms": median, "min_ms": lo or median,
+            "round_medians_ms": rounds or [], "params": {}}
+
+
+def test_docstring_example():
+    assert doctest.testmod(verdict).failed == 0
+
+
+@pytest.mark.parametrize("a, b, word", [(50, 100, "faster"), (100, 50, "slower"), (100, 101, "equal within noise")])
+def test_verdict_word(a, b, word):
+    assert compare(_row("a", a), _row("b", b)).verdict == word
+
+
+def test_noise_from_rounds_beats_within_run_spread():
+    r = _row("a", 100, lo=99, rounds=[100, 130])
+    assert noise(r) == pytest.approx(0.30)
+    # 20% apart is inside a 30% spread: no verdict either way
+    assert compare(r, _row("b", 120)).verdict == "equal within noise"
+    assert noise(_row("a", 110, lo=100)) == pytest.approx(0.10)
+
+
+def test_compare_refuses_untimed_rows():
+    with pytest.raises(ValueError, match="not timed"):
+        compare(_row("a", 1), {"provider": "b", "status": "skipped", "reason": "no GPU"})
+
+
+def test_find_row():
+    rows = [_row("a", 1), _row("b", 2)]
+    assert find_row(rows, "b")["median_ms"] == 2
+    with pytest.raises(LookupError, match="0 rows"):
+        find_row(rows, "c")
+
+
+def test_run_rounds_records_every_round():
+    from btlib.bench import run_rounds
+    from btlib.bench.core import Benchmark, Provider
+
+    bench = Benchmark(name="t", description="", x_name="n", x_vals=(4,), providers=lambda: [Provider("sum", lambda x: x["t"].sum())],
+                      make_inputs=lambda p: {"t": __import__("torch").ones(p["n"])}, reference=lambda x: x["t"].sum(),
+                      error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
+    (row,) = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
+    assert len(row["round_medians_ms"]) == 3 and row["median_ms"] == min(row["round_medians_ms"])
