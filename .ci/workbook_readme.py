@@ -158,7 +158,7 @@ def render_measures(summaries: list[Summary]) -> str:
         out += ["The committed outputs do **not** all come from one machine (or one measurement of it); "
                 "their setup cells say:", ""]
         for machine, numbers in machines.items():
-            out += [f"notebooks {', '.join(numbers)}:", ""] + _code_block(machine) + [""]
+            out += [f"notebook{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}:", ""] + _code_block(machine) + [""]
         out.pop()
     out += ["", "Yours will differ, which is the point: run them.", ""]
     for s in summaries:

@@ -140,7 +140,7 @@ def test_notebooks_from_different_machines_are_said_to_differ(tmp_path):
     nbs = write_notebooks(tmp_path / "notebooks", {"01_one": make_nb("01 · One"), "02_two": make_nb("02 · Two", setup=other)})
     body = wr.generate(README, wr.load(nbs))
     assert "do **not** all come from one machine" in body
-    assert "notebooks 01:" in body and "notebooks 02:" in body and "8 cores, 8 torch threads" in body
+    assert "notebook 01:" in body and "notebook 02:" in body and "8 cores, 8 torch threads" in body
 
 
 def test_quick_size_outputs_are_marked(tmp_path):
