@@ -3,7 +3,8 @@
 #               and open JupyterLab on notebooks/
 #   make test   add the test tools (btlib[dev]) and run every test: unit tests, then the notebooks under nbval (quick mode)
 # Others: make run (execute all notebooks into build/, HTML + benchmark summary), make outputs
-# (re-execute notebooks in place to refresh committed outputs), make clean.
+# (re-execute notebooks in place to refresh committed outputs and their recorded run times), make readme
+# (rewrite README.md's measured parts from the committed notebooks), make clean.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ STAMP  := $(VENV)/.btlib-installed
 DEV_STAMP := $(VENV)/.btlib-dev-installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
-.PHONY: setup setup-dev lab test unit run outputs clean
+.PHONY: setup setup-dev lab test unit run outputs readme clean
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,9 @@ run: setup
 
 outputs: setup
 	$(BIN)/python .ci/workbook.py refresh $(or $(NB),notebooks/[0-9]*.ipynb)
+
+readme: setup
+	$(BIN)/python .ci/workbook.py readme
 
 clean:
 	rm -rf build .venv

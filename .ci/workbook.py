@@ -1,12 +1,19 @@
-"""Execute the workbook's notebooks headless, and keep their Colab cells: ``python .ci/workbook.py run | refresh | colab``.
+"""Execute the workbook's notebooks headless, keep their Colab cells, generate the README's measured parts:
+``python .ci/workbook.py run | refresh | colab | readme``.
 
 - ``run``: every notebook into build/notebooks/ (the committed ones are never rewritten),
   an HTML copy of each into build/html/, benchmark rows into build/bench/, and a summary.
-- ``refresh NB ...``: re-execute notebooks in place to update their committed outputs.
+- ``refresh NB ...``: re-execute notebooks in place to update their committed outputs, and record
+  the run time in each notebook's metadata (``btlib.run_seconds``): at default sizes, the in-place
+  run, then a second run with BTLIB_QUICK=1 into a throwaway copy for the quick-size time
+  (``--no-quick`` skips it); under BTLIB_QUICK=1, the quick run only. See workbook_readme.py.
 - ``colab [NB ...]``: insert or update, at the top of each notebook, an "Open in Colab" badge and
   the setup cell, both built from pyproject.toml's ``[project.urls] Repository`` (a fork changes
   that line and reruns this), and point the README's Colab links there. Idempotent; every other
   cell, and its outputs, stays as it was.
+- ``readme [--check]``: rewrite README.md's generated parts (what the notebooks measured, on which
+  machine, and their run times) from the committed notebooks; ``--check`` only compares, and exits
+  1 with a diff where they disagree (workbook_readme.py says how).
 
 Outputs are cleaned of this machine's paths (checkout, home, temp dir) before they are written.
 """
@@ -14,12 +21,16 @@ Outputs are cleaned of this machine's paths (checkout, home, temp dir) before th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
+
+import workbook_readme  # .ci/ is on sys.path when this runs as a script; tests/conftest.py loads it first
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -68,8 +79,33 @@ def clean_outputs(nb) -> None:
                     out["data"][key] = scrub(val) if isinstance(val, str) else [scrub(v) for v in val]
 
 
+def sizes() -> str:
+    """"quick" or "default": the sizes a notebook executed now runs at (btlib's rule for BTLIB_QUICK)."""
+    from btlib.quick import quick_mode
+
+    return "quick" if quick_mode() else "default"
+
+
+@contextlib.contextmanager
+def _quick_env() -> Iterator[None]:
+    """BTLIB_QUICK=1 for the kernels started inside (they inherit this process's environment)."""
+    before = os.environ.get("BTLIB_QUICK")
+    os.environ["BTLIB_QUICK"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["BTLIB_QUICK"]
+        else:
+            os.environ["BTLIB_QUICK"] = before
+
+
 def execute(path: Path, out: Path, *, timeout: int = 3600) -> float:
-    """Run one notebook top to bottom (cwd = notebooks/) and write it, cleaned, to ``out``. Returns seconds."""
+    """Run one notebook top to bottom (cwd = notebooks/) and write it, cleaned, to ``out``. Returns seconds.
+
+    The wall time (kernel start to last cell) replaces the written notebook's ``btlib.run_seconds``
+    metadata: times recorded by earlier runs described other outputs.
+    """
     import nbformat
     from nbclient import NotebookClient
 
@@ -77,10 +113,31 @@ def execute(path: Path, out: Path, *, timeout: int = 3600) -> float:
     t0 = time.time()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
+    secs = time.time() - t0
     clean_outputs(nb)
+    nb.metadata["btlib"] = {**nb.metadata.get("btlib", {}), "run_seconds": {sizes(): round(secs, 1)}}
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out)
-    return time.time() - t0
+    return secs
+
+
+def refresh(path: Path, *, quick_run: bool = True, timeout: int = 3600) -> dict[str, float]:
+    """Re-execute ``path`` in place; returns (and records in its metadata) ``{"default": s, "quick": s}``.
+
+    At default sizes the in-place run is followed, unless ``quick_run`` is False, by one with
+    BTLIB_QUICK=1 into a temporary copy (outputs thrown away), timed on the same machine. Under
+    BTLIB_QUICK=1 the committed outputs are quick ones and only the quick time is recorded.
+    """
+    import nbformat
+
+    execute(path, path, timeout=timeout)
+    if sizes() == "default" and quick_run:
+        with tempfile.TemporaryDirectory() as tmp, _quick_env():
+            secs = execute(path, Path(tmp) / path.name, timeout=timeout)
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata["btlib"]["run_seconds"]["quick"] = round(secs, 1)
+        nbformat.write(nb, path)
+    return dict(nbformat.read(path, as_version=4).metadata["btlib"]["run_seconds"])
 
 
 def to_html(path: Path, out: Path) -> None:
@@ -157,12 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="execute every notebook into build/, with HTML copies and a benchmark summary")
     r.add_argument("notebooks", nargs="*", type=Path)
     r.add_argument("--build", type=Path, default=ROOT / "build")
-    f = sub.add_parser("refresh", help="re-execute notebooks in place (updates committed outputs)")
+    f = sub.add_parser("refresh", help="re-execute notebooks in place (updates committed outputs and recorded run times)")
     f.add_argument("notebooks", nargs="+", type=Path)
+    f.add_argument("--no-quick", action="store_true", help="at default sizes, skip the second, quick-size run that times it")
     c = sub.add_parser("colab", help="insert or update each notebook's Colab badge and setup cell (from pyproject's URL)")
     c.add_argument("notebooks", nargs="*", type=Path)
+    m = sub.add_parser("readme", help="rewrite README.md's generated parts from the committed notebooks")
+    m.add_argument("--check", action="store_true", help="only compare; exit 1 with a diff where README.md disagrees")
     args = parser.parse_args(argv)
 
+    if args.cmd == "readme":
+        return workbook_readme.readme_command(ROOT / "README.md", NOTEBOOKS, check=args.check)
     nbs = [p.resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     if args.cmd == "colab":
         import nbformat
@@ -175,20 +237,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.name}: {'updated' if changed else 'up to date'}", flush=True)
         print(f"README.md: {'updated' if update_readme_badges() else 'up to date'}")
         return 0
-    mode = "quick" if os.environ.get("BTLIB_QUICK") else "default"
     if args.cmd == "run":
         os.environ.setdefault("BTLIB_RESULTS_DIR", str(args.build / "bench"))
     for nb in nbs:
-        target = nb if args.cmd == "refresh" else args.build / "notebooks" / nb.name
-        print(f"executing {nb.name} ({mode} sizes) ...", flush=True)
+        print(f"executing {nb.name} ({sizes()} sizes) ...", flush=True)
+        if args.cmd == "refresh":
+            times = refresh(nb, quick_run=not args.no_quick)
+            print("  " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + " -> recorded in its metadata", flush=True)
+            continue
+        target = args.build / "notebooks" / nb.name
         secs = execute(nb, target)
         print(f"  {secs:.0f} s -> {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}", flush=True)
-        if args.cmd == "run":
-            to_html(target, args.build / "html" / nb.with_suffix(".html").name)
+        to_html(target, args.build / "html" / nb.with_suffix(".html").name)
     if args.cmd == "run":
         from btlib.bench.__main__ import main as bench_main
 
         bench_main(["summary", os.environ["BTLIB_RESULTS_DIR"]])
+    if args.cmd == "refresh":
+        print("README.md's measured parts come from these outputs: python .ci/workbook.py readme")
     return 0
 
 

@@ -5,11 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-# .ci/workbook.py (runs the notebooks, writes their Colab cells) is a tool of this checkout, not part of
-# the installed package: the tests that check the notebooks agree with it import it as `workbook`.
-_spec = importlib.util.spec_from_file_location("workbook", Path(__file__).resolve().parents[1] / ".ci" / "workbook.py")
-sys.modules["workbook"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sys.modules["workbook"])
+# .ci/workbook.py (runs the notebooks, writes their Colab cells and the README's measured parts) is a tool
+# of this checkout, not part of the installed package: the tests that check the notebooks agree with it import
+# it as `workbook`, and its README half (.ci/workbook_readme.py, which workbook imports) as `workbook_readme`.
+for _name in ("workbook_readme", "workbook"):
+    _spec = importlib.util.spec_from_file_location(_name, Path(__file__).resolve().parents[1] / ".ci" / f"{_name}.py")
+    sys.modules[_name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_name])
 
 
 @pytest.fixture(autouse=True)
