@@ -53,23 +53,6 @@ def write_modernbert(folder, masked_lm=True, **overrides):
     return hf.model if masked_lm else hf
 
 
-@pytest.fixture(autouse=True)
-def _per_sequence_attention(monkeypatch):
-    """Until btlib.varlen_attention takes window=: each sequence's dense masked attention, in this test file only."""
-    import btlib.pretrained.modernbert_layers as layers
-
-    def attend(q, k, v, cu_seqlens, max_seqlen, *, window=None):
-        out = torch.empty_like(q)
-        for a, b in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
-            i = torch.arange(b - a)
-            mask = None if window is None else ((i[:, None] - i[None, :]).abs() <= window[0])
-            out[a:b] = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
-                                                      attn_mask=mask).transpose(0, 1)
-        return out
-
-    monkeypatch.setattr(layers, "varlen_attention", attend)
-
-
 def _reference(hf, seqs, impl="sdpa"):
     """transformers' last_hidden_state on the real tokens of a padded batch, packed: (total, d)."""
     hf.config._attn_implementation = impl
