@@ -112,7 +112,8 @@ def test_window_and_global_layers_matter(folder):
     assert _rel(model(*model.pack(seqs)), ref) > 1e-2
 
 
-@pytest.mark.parametrize("overrides", [dict(norm_bias=True, attention_bias=True, mlp_bias=True, hidden_activation="gelu_pytorch_tanh"),
+@pytest.mark.parametrize("overrides", [dict(norm_bias=True, attention_bias=True, mlp_bias=True,
+                                            hidden_activation="gelu_pytorch_tanh"),
                                        dict(hidden_activation="silu", global_attn_every_n_layers=2, local_attention=9)],
                          ids=["biases-tanh", "silu-every2-odd-window"])
 def test_options_match_transformers(tmp_path, overrides):
@@ -148,7 +149,8 @@ def test_published_field_form_loads_the_same(tmp_path, folder):
     dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
          rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0},
                           "sliding_attention": {"rope_type": "default", "rope_theta": 3.0}}),
-    dict(global_rope_theta=5.0, local_rope_theta=9.0, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0}}),
+    dict(global_rope_theta=5.0, local_rope_theta=9.0,
+         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0}}),
     dict(local_attention=33),
 ], ids=["legacy", "v5", "mixed-newer-wins", "defaults"])
 def test_config_forms_resolve_as_transformers_does(fields):
@@ -199,7 +201,8 @@ def test_masked_lm_head_is_kept_aside_and_the_file_comes_back(folder):
     path, _ = folder
     model = load_pretrained(path)
     original = load_file(str(path / "model.safetensors"))
-    assert any(k.startswith("head.") for k in model._hf["unused"]) and not any(k.startswith("model.") for k in model._hf["unused"])
+    unused = model._hf["unused"]
+    assert any(k.startswith("head.") for k in unused) and not any(k.startswith("model.") for k in unused)
     back = to_hf_state_dict(model)
     assert list(back) == list(original) and all(torch.equal(back[k], v) for k, v in original.items())
 
