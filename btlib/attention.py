@@ -1,10 +1,15 @@
 """btlib's public attention entry points: one call, any registered kernel.
 
-    attention(q, k, v, lengths=..., causal=..., backend="auto")              (B, H, T, D)
-    varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=..., backend=)   (total, H, D)
+    attention(q, k, v, lengths=..., causal=..., window=..., backend="auto")              (B, H, T, D)
+    varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=..., window=..., backend=)   (total, H, D)
+
+``window=(left, right)`` is local (sliding-window) attention: query i attends keys
+i - left <= j <= i + right of its own sequence (ModernBERT's local layers: (64, 64)), combined
+with causal and the padding. Kernels that support it skip the key tiles outside the band, so the
+cost is 4 H D sum_i L_i min(L_i, left + right + 1) flops instead of 4 H D sum_i L_i^2.
 
 ``backend="auto"`` takes the highest-priority registered kernel that accepts the inputs
-(device, dtype, head_dim, causal); a name forces one kernel and explains why it cannot run.
+(device, dtype, head_dim, causal, window); a name forces one kernel and explains why it cannot run.
 When autograd will need a backward (grad mode on and q, k or v requires grad) only
 differentiable kernels qualify: "auto" falls back to PyTorch's SDPA, a named compiled kernel
 raises rather than return an output detached from its inputs.
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .checks import check_padded_inputs, check_varlen_inputs
+from .checks import check_padded_inputs, check_varlen_inputs, check_window
 from .kernels import registry
 
 __all__ = ["attention", "varlen_attention"]
@@ -27,6 +32,7 @@ def attention(
     *,
     lengths: Tensor | None = None,
     causal: bool = False,
+    window: tuple[int, int] | None = None,
     scale: float | None = None,
     backend: str = "auto",
 ) -> Tensor:
@@ -36,6 +42,7 @@ def attention(
         q, k, v: (B, H, T, D), one float dtype and device.
         lengths: (B,) integer on q's device, real tokens per sequence; None means all T.
         causal: query i attends keys j <= i.
+        window: (left, right) ints >= 0: query i attends only keys i - left <= j <= i + right; None: global.
         scale: defaults to 1 / sqrt(D).
         backend: "auto" or a kernel name from ``btlib.kernels.kernels("padded")``.
 
@@ -43,8 +50,9 @@ def attention(
         (B, H, T, D) in q's dtype; rows t >= lengths[b] are 0.
     """
     check_padded_inputs(q, k, v, lengths)
-    kernel = registry.select("padded", q, causal, backend, needs_grad=registry.needs_grad(q, k, v))
-    return kernel.fn(q, k, v, lengths=lengths, causal=causal, scale=scale)
+    window = check_window(window)
+    kernel = registry.select("padded", q, causal, backend, needs_grad=registry.needs_grad(q, k, v), window=window)
+    return kernel.fn(q, k, v, lengths=lengths, causal=causal, scale=scale, **registry.window_kwargs(kernel, window))
 
 
 def varlen_attention(
@@ -55,6 +63,7 @@ def varlen_attention(
     max_seqlen: int,
     *,
     causal: bool = False,
+    window: tuple[int, int] | None = None,
     scale: float | None = None,
     backend: str = "auto",
 ) -> Tensor:
@@ -65,11 +74,14 @@ def varlen_attention(
         cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
         max_seqlen: >= the longest sequence. GPU kernels size their grid by it (reading the lengths
             from the device would sync); the CPU kernels read cu_seqlens directly and only check it.
-        causal, scale, backend: as in :func:`attention` (kernels from ``kernels("varlen")``).
+        causal, window, scale, backend: as in :func:`attention` (kernels from ``kernels("varlen")``);
+            window positions count within each sequence.
 
     Returns:
         (total, H, D) in q's dtype.
     """
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
-    kernel = registry.select("varlen", q, causal, backend, needs_grad=registry.needs_grad(q, k, v))
-    return kernel.fn(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale)
+    window = check_window(window)
+    kernel = registry.select("varlen", q, causal, backend, needs_grad=registry.needs_grad(q, k, v), window=window)
+    return kernel.fn(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale,
+                     **registry.window_kwargs(kernel, window))

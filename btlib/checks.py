@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
 from .padding import check_cu_seqlens, check_lengths
 
-__all__ = ["check_padded_inputs", "check_varlen_inputs"]
+__all__ = ["check_padded_inputs", "check_varlen_inputs", "check_window"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -37,6 +39,27 @@ def _check_common(q: Tensor, k: Tensor, v: Tensor, rank: int, layout: str) -> No
     if q.shape[-1] == 0:
         raise ValueError(f"head_dim is 0 (q has shape {tuple(q.shape)}): attention needs D >= 1, and its default "
                          "scale 1/sqrt(D) is undefined; check how the heads were split (d_model // nhead)")
+
+
+def check_window(window) -> tuple[int, int] | None:
+    """A local attention window as (left, right) ints >= 0, or None (global attention).
+
+    Query i may attend key j iff i - left <= j <= i + right; ModernBERT's local layers use
+    (64, 64), a 129-key band. Raises TypeError / ValueError saying what to pass.
+    """
+    if window is None:
+        return None
+    hint = "pass window=(left, right) with ints >= 0 (query i attends keys i - left .. i + right), or None for global attention"
+    if not isinstance(window, (tuple, list)):
+        raise TypeError(f"window must be a (left, right) tuple or None; got {type(window).__name__} {window!r}: {hint}")
+    if len(window) != 2:
+        raise ValueError(f"window must have 2 entries (left, right); got {len(window)}: {window!r}: {hint}")
+    for name, w in zip(("left", "right"), window):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"window {name} must be an int; got {type(w).__name__} {w!r}: {hint}")
+        if w < 0:
+            raise ValueError(f"window {name} must be >= 0; got {int(w)}: {hint}")
+    return int(window[0]), int(window[1])
 
 
 def check_padded_inputs(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None) -> None:

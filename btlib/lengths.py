@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .checks import check_window
 from .padding import check_lengths
 
-__all__ = ["uniform_lengths", "zipf_lengths", "batch_lengths", "PaddingStats", "padding_stats"]
+__all__ = ["uniform_lengths", "zipf_lengths", "batch_lengths", "PaddingStats", "padding_stats",
+           "attention_pairs", "attention_flops"]
 
 _SENTENCE_END_RANKS = (3, 386, 858)
 
@@ -112,6 +114,36 @@ def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1)
     L = lengths.double()
     per_token = 8 * d_model**2 + 4 * d_model * d_ff
     return float(num_layers * (per_token * L.sum() + 4 * d_model * (L**2).sum()))
+
+
+def attention_pairs(lengths: Tensor, *, causal: bool = False, window: tuple[int, int] | None = None) -> int:
+    """Exact number of (query, key) pairs that may attend, summed over sequences of the given lengths.
+
+    Within a sequence of length L, query i attends keys max(0, i - left) .. min(L - 1, i + right)
+    (right = 0 with causal; None = unbounded), so the count is
+    L + L(L-1)/2 + L r - r(r+1)/2 - (L-l)(L-l-1)/2 with l, r clamped to [0, L - 1]: about
+    L (left + right + 1) for L >> the window, L^2 without one.
+
+    Example: lengths [4], window (1, 0) -> 1 + 2 + 2 + 2 = 7; no window, causal -> 10; neither -> 16.
+    """
+    window = check_window(window)
+    check_lengths(lengths)
+    L = lengths.to(torch.int64).cpu()
+    unbounded = L.clamp_min(1) - 1  # the widest reach that matters in a sequence of length L
+    left = unbounded if window is None else unbounded.clamp_max(window[0])
+    right = torch.zeros_like(L) if causal else (unbounded if window is None else unbounded.clamp_max(window[1]))
+    n = L + L * (L - 1) // 2 + L * right - right * (right + 1) // 2 - (L - left) * (L - left - 1) // 2
+    return int(torch.where(L > 0, n, torch.zeros_like(n)).sum())
+
+
+def attention_flops(lengths: Tensor, H: int, D: int, *, causal: bool = False, window: tuple[int, int] | None = None) -> float:
+    """FLOPs of attention's two products on the real tokens only: 4 H D x :func:`attention_pairs`.
+
+    QK^T and PV each take one multiply-add (2 flops) per allowed (query, key) pair and head_dim
+    element. Without a window and causal this is 4 H D sum(L_i^2); with a window (left, right) it
+    is about 4 H D sum_i L_i min(L_i, left + right + 1): what a kernel that skips masked tiles needs.
+    """
+    return 4.0 * H * D * attention_pairs(lengths, causal=causal, window=window)
 
 
 def padding_stats(

@@ -13,6 +13,8 @@ Masks (all optional, combined with AND):
 - ``key_padding_mask`` (B, S) bool, True marks padding (nn.MultiheadAttention's convention).
   Masks keys only; padded query rows still attend to the real keys (as SDPA does).
 - ``causal``: query i sees keys j <= i (top-left aligned, as SDPA's is_causal).
+- ``window=(left, right)``: local (sliding-window) attention, query i sees keys
+  i - left <= j <= i + right (ModernBERT's local layers: (64, 64)); with causal, (left, 0).
 - ``attn_mask``: (T, S), (B, T, S) or (B, H, T, S); bool where True means *may attend*
   (SDPA's convention) or float, added to the scores.
 
@@ -30,6 +32,7 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import check_window
 from .padding import cu_seqlens_to_lengths, pack, unpack
 
 __all__ = ["reference_attention", "reference_varlen_attention", "allowed_mask", "naive_attention"]
@@ -43,14 +46,20 @@ def allowed_mask(
     lengths: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     causal: bool = False,
+    window: tuple[int, int] | None = None,
     attn_mask: Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> Tensor | None:
     """Which (query, key) pairs may attend, as one boolean tensor broadcastable to (B, H, T, S).
 
+    ``window=(left, right)``: query i may attend keys i - left <= j <= i + right (None: all).
     Returns None when nothing is masked. Float ``attn_mask`` values are not part of it
     (they are added to the scores); ``-inf`` entries in a float mask are.
+
+    Example: allowed_mask(1, 4, 4, window=(1, 0))[0, 0].int() -> the band
+    [[1,0,0,0], [1,1,0,0], [0,1,1,0], [0,0,1,1]].
     """
+    window = check_window(window)
     allowed: Tensor | None = None
 
     def both(a: Tensor | None, b: Tensor) -> Tensor:
@@ -65,6 +74,10 @@ def allowed_mask(
         i = torch.arange(T, device=device).view(T, 1)
         j = torch.arange(S, device=device).view(1, S)
         allowed = both(allowed, (j <= i).view(1, 1, T, S))
+    if window is not None:
+        i = torch.arange(T, device=device).view(T, 1)
+        j = torch.arange(S, device=device).view(1, S)
+        allowed = both(allowed, ((j >= i - window[0]) & (j <= i + window[1])).view(1, 1, T, S))
     if attn_mask is not None:
         m = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
         while m.dim() < 4:
@@ -81,6 +94,7 @@ def reference_attention(
     lengths: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     causal: bool = False,
+    window: tuple[int, int] | None = None,
     attn_mask: Tensor | None = None,
     scale: float | None = None,
     return_weights: bool = False,
@@ -93,6 +107,7 @@ def reference_attention(
         lengths: (B,) integer, 0 <= lengths[b] <= min(T, S). See the module docstring.
         key_padding_mask: (B, S) bool, True = padding key (ignored).
         causal: mask keys j > i.
+        window: (left, right) ints >= 0: query i attends only keys i - left <= j <= i + right; None: all.
         attn_mask: bool (True = may attend) or float (added), shape (T, S), (B, T, S) or (B, H, T, S).
         scale: defaults to 1 / sqrt(D).
         return_weights: also return the attention probabilities.
@@ -157,7 +172,7 @@ def reference_attention(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + attn_mask.to(compute)
     allowed = allowed_mask(
-        B, T, S, lengths=lengths, key_padding_mask=key_padding_mask, causal=causal,
+        B, T, S, lengths=lengths, key_padding_mask=key_padding_mask, causal=causal, window=window,
         attn_mask=attn_mask, device=q.device,
     )
     if allowed is not None:
@@ -179,16 +194,18 @@ def reference_attention(
 
 
 def reference_varlen_attention(
-    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False, scale: float | None = None
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
+    window: tuple[int, int] | None = None, scale: float | None = None
 ) -> Tensor:
     """The varlen oracle: repad, run :func:`btlib.reference_attention` with lengths, unpad.
 
-    q, k, v: (total, H, D) -> (total, H, D), fp32 for fp16/bf16 inputs.
+    q, k, v: (total, H, D) -> (total, H, D), fp32 for fp16/bf16 inputs. ``window`` positions are
+    within each sequence (token i of a sequence attends its tokens i - left .. i + right).
     """
     lengths = cu_seqlens_to_lengths(cu_seqlens)
     T = max(int(max_seqlen), 1)
     padded = [unpack(x, cu_seqlens, T).transpose(1, 2) for x in (q, k, v)]  # (B, H, T, D)
-    out = reference_attention(*padded, lengths=lengths, causal=causal, scale=scale)
+    out = reference_attention(*padded, lengths=lengths, causal=causal, window=window, scale=scale)
     return pack(out.transpose(1, 2), lengths).tokens
 
 

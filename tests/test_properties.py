@@ -190,6 +190,57 @@ def test_nan_inf_in_a_real_position_propagates(name, p):
     assert torch.equal(out.transpose(1, 2)[pad], torch.zeros_like(out.transpose(1, 2)[pad]))
 
 
+# Local windows -----------------------------------------------------------------------------------------
+
+WINDOWED = {layout: [n for n in names if n == "auto" or registry.get(n).window] for layout, names in
+            (("padded", PADDED), ("varlen", VARLEN))}
+windows = st.tuples(st.integers(0, 80), st.integers(0, 80))  # T <= 70: from a single key to wider than T
+
+
+@pytest.mark.parametrize("name", WINDOWED["padded"])
+@FAST
+@given(case=batches(), window=windows)
+def test_padded_window_matches_reference(name, case, window):
+    B, H, T, D, lengths, causal, seed = case
+    q, k, v = _qkv(B, H, T, D, seed)
+    L = torch.tensor(lengths)
+    with torch.inference_mode():
+        out = btlib.attention(q, k, v, lengths=L, causal=causal, window=window, backend=name)
+    ref = btlib.reference_attention(q, k, v, lengths=L, causal=causal, window=window)
+    assert relative_error(out, ref) <= _tol(name, "padded", q)
+    pad = torch.arange(T).view(1, T) >= L.view(B, 1)
+    assert torch.equal(out.transpose(1, 2)[pad], torch.zeros_like(out.transpose(1, 2)[pad]))
+
+
+@pytest.mark.parametrize("name", WINDOWED["varlen"])
+@FAST
+@given(case=batches(), window=windows)
+def test_varlen_window_matches_reference(name, case, window):
+    B, H, T, D, lengths, causal, seed = case
+    L = torch.tensor(lengths)
+    q, k, v = (btlib.pack(x.transpose(1, 2), L).tokens for x in _qkv(B, H, T, D, seed))  # (total, H, D)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    with torch.inference_mode():
+        out = btlib.varlen_attention(q, k, v, cu, max_seqlen, causal=causal, window=window, backend=name)
+    ref = btlib.reference_varlen_attention(q, k, v, cu, max_seqlen, causal=causal, window=window)
+    assert relative_error(out, ref) <= _tol(name, "varlen", q)
+
+
+@pytest.mark.parametrize("name", WINDOWED["padded"])
+@FAST
+@given(p=poisoned(real=False), window=windows)
+def test_nan_inf_in_padding_changes_nothing_with_a_window(name, p, window):
+    case, where, value = p
+    B, H, T, D, lengths, causal, seed = case
+    (q, k, v), clean = _poison(case, where, value)
+    L = torch.tensor(lengths)
+    with torch.inference_mode():
+        out = btlib.attention(q, k, v, lengths=L, causal=causal, window=window, backend=name)
+    ref = btlib.reference_attention(*clean, lengths=L, causal=causal, window=window)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= _tol(name, "padded", q)
+
+
 # Gradients ---------------------------------------------------------------------------------------------
 
 GRAD = settings(FAST, max_examples=15)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import kernels, relative_error
-from ..lengths import uniform_lengths
+from ..lengths import attention_flops, uniform_lengths
 from ..padding import pack
 from ..reference import reference_attention
 from .core import Benchmark, Provider, declare
@@ -96,9 +96,12 @@ def _varlen_providers() -> list[Provider]:
 
 
 def varlen_flops(p: dict) -> float:
-    """4 H D sum(L_i^2): the FLOPs of attention on the real tokens of a uniform_lengths batch at p["padding"]."""
-    L = uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0)).double()
-    return 4.0 * p["H"] * p["D"] * float((L**2).sum())
+    """4 H D sum(L_i^2): the FLOPs of attention on the real tokens of a uniform_lengths batch at p["padding"].
+
+    With p["window"] = (left, right) and/or p["causal"], only the allowed pairs count (btlib.lengths.attention_flops).
+    """
+    L = uniform_lengths(p["B"], p["T"], p["padding"], seed=p.get("seed", 0))
+    return attention_flops(L, p["H"], p["D"], causal=p.get("causal", False), window=p.get("window"))
 
 
 declare(Benchmark(

@@ -9,6 +9,11 @@ Padded kernels see (B, H, T, D) inputs with ``lengths``; varlen kernels see the 
 packed, (total, H, D) + cu_seqlens. Besides the error, padded query rows must be exactly 0, the
 output must keep q's shape and dtype and hold no NaN.
 
+Kernels registered with ``window=True`` also run every case under each local window of
+``WINDOWS``, causal off and on: (0, 0) (each row attends only itself), (3, 5) (lopsided, narrower
+than a tile), (64, 64) (ModernBERT's, narrower than T = 97) and (200, 200) (wider than every
+sequence: must equal global attention).
+
 Tolerance (:meth:`Kernel.tolerance`): fp32/fp64 within ``kernel.tol`` (1e-5) of the reference's
 scale; fp16/bf16 at most ``LOW_PRECISION_FACTOR`` x PyTorch's own SDPA error in the same dtype
 on the same inputs, both measured against the fp32 reference.
@@ -28,7 +33,7 @@ from torch import Tensor
 from ..padding import lengths_to_cu_seqlens
 from .registry import EXACT, Kernel, get, relative_error
 
-__all__ = ["check", "CheckResult", "PADDED_CASES", "VARLEN_CASES"]
+__all__ = ["check", "CheckResult", "PADDED_CASES", "VARLEN_CASES", "WINDOWS"]
 
 # (B, H, T, D, lengths): batch 1 with one token; odd lengths; a sequence of length 0. Head dims
 # 16, 64 and 80 reach every head-dim bucket of the GPU kernels (32, 64, 128), 24 and 80 with masked columns.
@@ -43,6 +48,8 @@ VARLEN_CASES = [
     ([97, 3, 0, 40], 2, 64),
     ([5, 5], 2, 24),
 ]
+# (left, right) local windows run for kernels that support one, besides global attention (None).
+WINDOWS = [(0, 0), (3, 5), (64, 64), (200, 200)]
 
 
 @dataclass
@@ -55,7 +62,7 @@ class CheckResult:
     error: float  # relative error (max |out - ref| / max |ref|) of the case nearest its tolerance
     tolerance: float
     ok: bool
-    shapes: list[str] = field(default_factory=list)  # one per case run, e.g. "(2, 2, 97, 32) lengths [97, 40] causal"
+    shapes: list[str] = field(default_factory=list)  # one per case run, e.g. "(2, 2, 97, 32) lengths [97, 40] causal window (3, 5)"
     failures: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -79,28 +86,33 @@ def _inputs(case, layout: str, device: str, dtype: torch.dtype, g: torch.Generat
 
 
 def check(kernel: Kernel, device: str = "cpu", dtype: torch.dtype = torch.float32, *,
-          causal: tuple[bool, ...] = (False, True), fn: Callable[..., Tensor] | None = None,
-          seed: int = 0) -> CheckResult:
+          causal: tuple[bool, ...] = (False, True), windows: tuple | list | None = None,
+          fn: Callable[..., Tensor] | None = None, seed: int = 0) -> CheckResult:
     """Run ``kernel`` (or ``fn`` with its signature) on every case against ``kernel.reference``.
 
     causal: the settings to run (True is skipped for a kernel without a causal mask).
+    windows: the local windows to run besides global attention; None: :data:`WINDOWS` for a kernel
+        registered with ``window=True``, none otherwise (``fn`` then gets no ``window=``).
     Returns the case whose error is largest relative to its tolerance; ``ok`` covers every case.
     """
     run = kernel.fn if fn is None else fn
     # A CPU generator, then .to(device): the same numbers on every device, so a failure reproduces on a CPU.
     g = torch.Generator().manual_seed(seed)
     sdpa = get("torch_sdpa" if kernel.layout == "padded" else "torch_sdpa_loop").fn
+    if windows is None:
+        windows = WINDOWS if kernel.window else []
     worst, shapes, failures = (0.0, kernel.tol, -1.0), [], []
     for case in PADDED_CASES if kernel.layout == "padded" else VARLEN_CASES:
         args, kw, shape = _inputs(case, kernel.layout, device, dtype, g)
-        for c in causal:
+        for w, c in [(w, c) for w in [None, *windows] for c in causal]:
             if c and not kernel.causal:
                 continue
-            name = f"{shape} {'causal' if c else 'full'}"
+            wkw = {} if w is None else {"window": w}  # kernels without a window are called as before
+            name = f"{shape} {'causal' if c else 'full'}" + ("" if w is None else f" window {w}")
             shapes.append(name)
-            out = run(*args, **kw, causal=c, scale=None)
-            ref = kernel.reference(*args, **kw, causal=c)  # fp32 for fp16/bf16 inputs
-            sdpa_error = None if dtype in EXACT else relative_error(sdpa(*args, **kw, causal=c, scale=None).float(), ref)
+            out = run(*args, **kw, causal=c, scale=None, **wkw)
+            ref = kernel.reference(*args, **kw, causal=c, **wkw)  # fp32 for fp16/bf16 inputs
+            sdpa_error = None if dtype in EXACT else relative_error(sdpa(*args, **kw, causal=c, scale=None, **wkw).float(), ref)
             tol = kernel.tolerance(dtype, sdpa_error)
             err = relative_error(out, ref)
             if out.shape != args[0].shape or out.dtype != dtype:

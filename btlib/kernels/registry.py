@@ -3,9 +3,13 @@
 Tests and benchmarks iterate the registry, so a new kernel gets its correctness test and its
 benchmark row by registering itself. Two layouts, two call signatures:
 
-    padded:  fn(q, k, v, *, lengths, causal, scale) -> out     q, k, v, out: (B, H, T, D)
-    varlen:  fn(q, k, v, cu_seqlens, max_seqlen, *, causal, scale) -> out
+    padded:  fn(q, k, v, *, lengths, causal, scale[, window]) -> out     q, k, v, out: (B, H, T, D)
+    varlen:  fn(q, k, v, cu_seqlens, max_seqlen, *, causal, scale[, window]) -> out
                                                                q, k, v, out: (total, H, D)
+
+``window=(left, right)`` (local attention: query i attends keys i - left .. i + right) is passed
+only to kernels registered with ``window=True`` (:func:`window_kwargs`); the others are called
+exactly as before and are never selected for a windowed call ("has no local window").
 
 Every padded kernel follows btlib.reference_attention's conventions (rows t >= lengths[b]
 are 0; a query row with no key to attend is 0).
@@ -31,7 +35,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error"]
+__all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error", "window_kwargs"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -75,6 +79,7 @@ class Kernel:
     reference: the oracle ``fn`` is checked against, with ``fn``'s signature; defaults to the
         layout's (btlib.reference_attention, btlib.reference_varlen_attention).
     tol: the fp32/fp64 tolerance; low precision follows :meth:`tolerance`.
+    causal: the kernel has a causal mask. window: it takes ``window=(left, right)`` (local attention).
     cpu_run: how to check this GPU kernel's source on a machine without a GPU (None: not possible).
     """
 
@@ -89,6 +94,7 @@ class Kernel:
     tol: float = FP32_TOL
     priority: int = 0
     causal: bool = True
+    window: bool = False
     max_head_dim: int | None = None
     available: Callable[[], str | None] = field(default=lambda: None)
     differentiable: bool = False
@@ -109,8 +115,12 @@ class Kernel:
             raise ValueError(f"a {dtype} tolerance is relative to PyTorch's SDPA error in {dtype}: pass sdpa_error")
         return max(LOW_PRECISION_FACTOR * sdpa_error, _ULP32)
 
-    def supports(self, x: Tensor, causal: bool = False, needs_grad: bool = False) -> str | None:
-        """None if this kernel takes these inputs (and, with ``needs_grad``, can backpropagate), else why not."""
+    def supports(self, x: Tensor, causal: bool = False, needs_grad: bool = False,
+                 window: tuple[int, int] | None = None) -> str | None:
+        """None if this kernel takes these inputs (and, with ``needs_grad``, can backpropagate), else why not.
+
+        window: the call's local window (left, right), or None for global attention.
+        """
         why = self.available()
         if why:
             return why
@@ -122,6 +132,8 @@ class Kernel:
             return f"supports {', '.join(str(d).replace('torch.', '') for d in self.dtypes)}, inputs are {x.dtype}"
         if causal and not self.causal:
             return "has no causal mask"
+        if window is not None and not self.window:
+            return "has no local window (window=(left, right)); use one registered with window=True"
         if self.max_head_dim is not None and x.shape[-1] > self.max_head_dim:
             return f"head_dim {x.shape[-1]} > {self.max_head_dim}"
         return None
@@ -188,8 +200,12 @@ def needs_grad(*xs: Tensor) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
-def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, needs_grad: bool | None = None) -> Kernel:
+def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, needs_grad: bool | None = None,
+           window: tuple[int, int] | None = None) -> Kernel:
     """The kernel ``backend`` names, or for "auto" the best one that takes these inputs.
+
+    ``window``: the call's local window (left, right) or None; "auto" then considers only kernels
+    registered with ``window=True``.
 
     ``needs_grad``: the caller will backpropagate through the output; None means "if grad mode
     is on and ``x`` requires grad" (btlib.attention passes it for q, k and v together).
@@ -205,17 +221,25 @@ def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, ne
             fallback = "torch_sdpa" if layout == "padded" else "torch_sdpa_loop"
             raise ValueError(f"kernel {backend!r} has no backward; call under torch.no_grad()/inference_mode "
                              f"or use backend={fallback!r}")
-        why = k.supports(x, causal)
+        why = k.supports(x, causal, window=window)
         if why:
             raise ValueError(f"kernel {backend!r} cannot run these inputs: {why}")
         return k
     reasons = []
     for k in kernels(layout):
-        why = k.supports(x, causal, needs_grad)
+        why = k.supports(x, causal, needs_grad, window)
         if why is None:
             return k
         reasons.append(f"{k.name}: {why}")
     raise ValueError(f"no {layout} attention kernel takes these inputs:\n  " + "\n  ".join(reasons))
+
+
+def window_kwargs(kernel: Kernel, window: tuple[int, int] | None) -> dict:
+    """The ``window=`` keyword for a call of ``kernel.fn``: passed to kernels that support a window,
+    omitted for the rest (which :func:`select` only picks when ``window`` is None)."""
+    if window is not None and not kernel.window:
+        raise ValueError(f"kernel {kernel.name!r} has no local window; select one with registry.select(..., window=window)")
+    return {"window": window} if kernel.window else {}
 
 
 def relative_error(out: Tensor, ref: Tensor) -> float:
