@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .checks import check_window
+
 __all__ = ["DEAD", "PARTIAL", "FULL", "Br", "Bc", "row_bands", "pair_counts", "tile_map", "TileStats", "tile_stats",
            "draw_tile_map"]
 
@@ -38,15 +40,6 @@ def _as_lengths(lengths: Tensor | int | list[int]) -> Tensor:
     if L.numel() == 0 or int(L.min()) < 0:
         raise ValueError(f"lengths must be one or more ints >= 0; got {lengths!r}")
     return L
-
-
-def _check_window(window) -> tuple[int, int] | None:
-    if window is None:
-        return None
-    if len(window) != 2 or any(int(w) != w or w < 0 for w in window):
-        raise ValueError(f"window must be (left, right) ints >= 0 (query i attends keys i - left .. i + right) or None; "
-                         f"got {window!r}")
-    return int(window[0]), int(window[1])
 
 
 def row_bands(L: int, T: int, *, causal: bool = False, window: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
@@ -72,7 +65,7 @@ def pair_counts(lengths: Tensor | int | list[int], T: int | None = None, *, caus
 
     lengths: (B,) ints (or one int); T: the padded length (default: the longest).
     """
-    L, window = _as_lengths(lengths), _check_window(window)
+    L, window = _as_lengths(lengths), check_window(window)
     T = int(L.max()) if T is None else int(T)
     if T < int(L.max()):
         raise ValueError(f"T={T} is shorter than the longest sequence ({int(L.max())}); pass T >= max(lengths)")

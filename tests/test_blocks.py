@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from btlib.blocks import DEAD, FULL, PARTIAL, draw_tile_map, pair_counts, row_bands, tile_map, tile_stats
+from btlib.lengths import attention_pairs
 from btlib.reference import allowed_mask
 
 matplotlib.use("Agg")
@@ -70,6 +71,7 @@ def test_matches_reference_mask(lengths, T, causal, window):
     padded[:, :T, :T] = mask
     expected = padded.view(len(lengths), n, Br, n, Bc).sum((2, 4))
     assert torch.equal(pair_counts(L, T, causal=causal, window=window), expected)
+    assert tile_stats(L, T, causal=causal, window=window).allowed_pairs == attention_pairs(L, causal=causal, window=window)
     kinds = tile_map(L, T, causal=causal, window=window)
     assert torch.equal(kinds == DEAD, expected == 0) and torch.equal(kinds == FULL, expected == Br * Bc)
 
@@ -77,7 +79,7 @@ def test_matches_reference_mask(lengths, T, causal, window):
 def test_bad_inputs_say_what_to_do():
     with pytest.raises(ValueError, match="T >= max"):
         tile_map([10], 5)
-    with pytest.raises(ValueError, match="left, right"):
+    with pytest.raises(ValueError, match="must be >= 0"):
         tile_map(10, window=(-1, 3))
     with pytest.raises(ValueError, match=">= 0"):
         tile_map([-2])

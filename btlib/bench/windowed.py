@@ -32,13 +32,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..blocks import tile_stats
 from ..kernels import relative_error
+from ..lengths import attention_flops
 from ..padding import lengths_to_cu_seqlens, pack, unpack
 from ..reference import reference_attention
 from .core import Benchmark, Provider, declare
 
-__all__ = ["LOCAL_WINDOW", "document_lengths", "window_attention_flops", "add_ideal", "FLEX_FIRST_CALL_S", "attention_inputs"]
+__all__ = ["LOCAL_WINDOW", "document_lengths", "add_ideal", "FLEX_FIRST_CALL_S", "attention_inputs"]
 
 LOCAL_WINDOW = (64, 64)  # ModernBERT: local_attention 128 -> |i - j| <= 64
 FLEX_FIRST_CALL_S: dict[tuple, float] = {}  # (benchmark window, lengths) -> seconds of FlexAttention's first (compiling) call
@@ -54,11 +54,6 @@ def document_lengths(B: int, T: int, *, seed: int = 0, spread: float = 4.0) -> t
     rng = np.random.default_rng(seed)
     rest = np.exp(rng.uniform(np.log(max(1.0, T / spread)), np.log(T), B - 1))
     return torch.tensor([T, *np.round(rest).astype(np.int64).tolist()], dtype=torch.int64)
-
-
-def window_attention_flops(lengths: torch.Tensor, H: int, D: int, window: tuple[int, int] | None = None) -> float:
-    """4 H D x (allowed query-key pairs): QK^T and PV on the real tokens inside the window only."""
-    return 4.0 * H * D * tile_stats(lengths, window=window).allowed_pairs
 
 
 def _window_mask(lengths: torch.Tensor, T: int, window: tuple[int, int] | None) -> torch.Tensor:
@@ -177,7 +172,7 @@ def _providers(window) -> list[Provider]:
 
 
 def _flops(p: dict) -> float:
-    return window_attention_flops(document_lengths(p["B"], p["T"], seed=p.get("seed", 0)), p["H"], p["D"], p["window"])
+    return attention_flops(document_lengths(p["B"], p["T"], seed=p.get("seed", 0)), p["H"], p["D"], window=p["window"])
 
 
 def add_ideal(rows: list[dict], bench: Benchmark) -> list[dict]:
