@@ -107,15 +107,11 @@ def _btlib(x: dict, window) -> torch.Tensor:
     return varlen_attention(*x["packed"], x["cu_seqlens"], x["max_seqlen"], window=window, backend="cpu_flash_varlen")
 
 
-def _btlib_available() -> str | None:
-    import inspect
-
-    from .. import varlen_attention
+def _btlib_available(window) -> str | None:
     from ..kernels import get
 
-    if "window" not in inspect.signature(varlen_attention).parameters:
-        return "btlib.varlen_attention takes no window here (the windowed kernel is not in this checkout)"
-    return get("cpu_flash_varlen").available()
+    k = get("cpu_flash_varlen")
+    return k.available() or (None if window is None or k.window else "cpu_flash_varlen takes no window in this checkout")
 
 
 def _sdpa(x: dict) -> torch.Tensor:
@@ -160,10 +156,10 @@ def _flex_call(x: dict) -> torch.Tensor:
 
 
 def _providers(window) -> list[Provider]:
-    provs = [Provider("btlib", lambda x: _btlib(x, x["window"]), available=_btlib_available,
+    provs = [Provider("btlib", lambda x: _btlib(x, x["window"]), available=lambda: _btlib_available(window),
                       label="btlib varlen" + (", window skip" if window else ""))]
     if window is not None:
-        provs.append(Provider("btlib_no_skip", lambda x: _btlib(x, None), available=_btlib_available, checked=False,
+        provs.append(Provider("btlib_no_skip", lambda x: _btlib(x, None), available=lambda: _btlib_available(None), checked=False,
                               label="btlib varlen without the window (yardstick)"))
     return provs + [
         Provider("sdpa_padded_mask", _sdpa, label="SDPA, padded + dense mask (transformers on a CPU)"),
