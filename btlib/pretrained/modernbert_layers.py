@@ -1,0 +1,122 @@
+"""ModernBERT's blocks on packed tokens: rotary embeddings, windowed attention, GeGLU, pre-LN layers.
+
+One layer, on x (total, d) packed tokens with cu_seqlens (B + 1,) int32 (transformers' ModernBertEncoderLayer):
+
+    h = attn_norm(x)                       LayerNorm (layer 0: identity, the embeddings' norm comes first)
+    q, k, v = (h Wqkv^T).chunk(3)          (total, H, Dh) each                    6 d^2 FLOPs per token
+    q, k = rope(q, p), rope(k, p)          p = position inside its own sequence (restarts at 0)
+    o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=(w, w) | None)
+    x = x + o Wo^T                                                                2 d^2
+    u, g = (mlp_norm(x) Wi^T).chunk(2)     GeGLU: (total, f) input and gate      4 d f
+    x = x + (act(u) * g) Wo^T                                                     2 d f
+
+Global layers (every ``global_attn_every_n_layers``-th, from layer 0) attend to the whole
+sequence with RoPE base ``global_rope_theta``; local layers see only keys with |i - j| <= w =
+local_attention // 2 and use ``local_rope_theta``. On packed tokens a local layer costs
+4 d min(L, 2w + 1) per token instead of 4 d L: for L = 1024 and w = 64, 8x less attention work.
+
+RoPE (Su et al., RoFormer), in transformers' "rotate half" layout: for head dims j < Dh / 2,
+(x_j, x_{j + Dh/2}) rotates by angle p * theta^(-2j / Dh). The rotation is computed in fp32
+and cast back, as transformers does, so bf16 runs lose nothing extra there.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import varlen_attention
+from .modernbert_config import ModernBertSpec
+
+__all__ = ["ModernBertLayer", "ModernBertEmbeddings", "rope_tables", "apply_rope", "activation"]
+
+
+def activation(name: str):
+    """The elementwise function transformers' ACT2FN[name] computes (GELU-tanh variants agree to fp32 rounding)."""
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"activation {name!r} is not supported")
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin (total, Dh) float32 for positions (total,) int64, transformers' default RoPE with base theta.
+
+    inv_freq and the angles are computed exactly as ModernBertRotaryEmbedding does (fp32), so fp32
+    results agree to the last bits.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # (Dh/2,)
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # (total, Dh/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (total, Dh)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (total, H, Dh) any float dtype; cos, sin (total, Dh) float32 -> (total, H, Dh) in x's dtype."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
+    return (xf * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+def _norm(spec: ModernBertSpec) -> nn.LayerNorm:
+    return nn.LayerNorm(spec.d_model, eps=spec.norm_eps, bias=spec.norm_bias)
+
+
+class ModernBertEmbeddings(nn.Module):
+    """Token embeddings then LayerNorm: no position embeddings (positions enter through RoPE)."""
+
+    def __init__(self, spec: ModernBertSpec):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.norm = _norm(spec)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids (total,) int64 -> (total, d) in the weights' dtype."""
+        return self.norm(self.tok_embeddings(ids))
+
+
+class _Attention(nn.Module):
+    def __init__(self, spec: ModernBertSpec):
+        super().__init__()
+        self.Wqkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=spec.attention_bias)
+        self.Wo = nn.Linear(spec.d_model, spec.d_model, bias=spec.attention_bias)
+
+
+class _GeGLU(nn.Module):
+    def __init__(self, spec: ModernBertSpec):
+        super().__init__()
+        self.Wi = nn.Linear(spec.d_model, 2 * spec.dim_feedforward, bias=spec.mlp_bias)
+        self.Wo = nn.Linear(spec.dim_feedforward, spec.d_model, bias=spec.mlp_bias)
+
+
+class ModernBertLayer(nn.Module):
+    """One pre-LN ModernBERT layer. Parameter names are transformers' (attn_norm, attn.Wqkv, attn.Wo,
+    mlp_norm, mlp.Wi, mlp.Wo), so a checkpoint maps onto it key for key."""
+
+    def __init__(self, spec: ModernBertSpec, index: int):
+        super().__init__()
+        self.attn_norm = _norm(spec) if index > 0 else nn.Identity()
+        self.attn = _Attention(spec)
+        self.mlp_norm = _norm(spec)
+        self.mlp = _GeGLU(spec)
+        self.nhead = spec.nhead
+        self.window = spec.window(index)
+        self.act = activation(spec.activation)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
+        total, d = x.shape
+        qkv = self.attn.Wqkv(self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
+        q, k, v = qkv.unbind(1)  # (total, H, Dh) each; v stays a strided view (kernels take head_dim-contiguous strides)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
+        x = x + self.attn.Wo(o.reshape(total, d))
+        u, g = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
+        return x + self.mlp.Wo(self.act(u) * g)

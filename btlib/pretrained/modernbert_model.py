@@ -1,0 +1,166 @@
+"""A pretrained ModernBERT on packed tokens: no padding anywhere, local layers windowed.
+
+    model = btlib.load_pretrained("path/to/ModernBERT-base")       # config.json model_type "modernbert"
+    ids, cu_seqlens, max_seqlen = model.pack(["a text", "another"])  # (total,) int64, (B + 1,) int32, int
+    h = model(ids, cu_seqlens, max_seqlen)                         # (total, d) float32 last hidden states
+    emb = model.encode(texts)                                      # (N, d): pooled as the folder says
+    emb = model.encode(texts, precision="auto")                    # bf16 only where native and measured faster
+
+Token ids go straight from the tokenizer into one (total,) tensor; each token's position is its
+offset inside its own sequence (from cu_seqlens), which is all RoPE needs; global layers call
+``btlib.varlen_attention(..., window=None)`` and local ones ``window=(w, w)``, w = local_attention // 2.
+The result equals transformers' ModernBertModel.last_hidden_state on the real tokens.
+
+Pooling (``model.pooling``): read from the folder as sentence-transformers does (1_Pooling/config.json,
+a Normalize module in modules.json); a bare checkpoint (answerdotai/ModernBERT-base, a masked-LM
+model, not an embedding model) gets sentence-transformers' default, mean without normalisation.
+The sentence-transformers folders of ModernBERT embedding models name their own: e.g.
+nomic-ai/modernbert-embed-base mean-pools and normalises (and expects "search_query: " /
+"search_document: " prefixes in the texts), Alibaba-NLP/gte-modernbert-base takes the CLS token.
+Replace ``model.pooling`` with a :class:`Pooling` to choose another.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
+from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
+from .model import Pooling
+from .modernbert_config import ModernBertSpec
+from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, rope_tables
+
+__all__ = ["ModernBertEncoder", "MODERNBERT_PATHS"]
+
+MODERNBERT_PATHS = ("packed", "packed_bf16")
+
+
+class _Stack(nn.Module):
+    """The layers and the final norm: what runs in the compute dtype (fp32, or a bf16 copy)."""
+
+    def __init__(self, layers: nn.ModuleList, final_norm: nn.LayerNorm):
+        super().__init__()
+        self.layers, self.final_norm = layers, final_norm
+
+
+class ModernBertEncoder(nn.Module):
+    """ModernBERT (embeddings, pre-LN layers with RoPE and GeGLU, final norm) on packed tokens, plus encode().
+
+    Parameter names are transformers' ModernBertModel's (``embeddings.tok_embeddings.weight``,
+    ``layers.3.attn.Wqkv.weight``, ``final_norm.weight``, ...). Inference only: no dropout, and
+    forward runs under whatever grad mode the caller set (encode runs in inference mode).
+    """
+
+    def __init__(self, spec: ModernBertSpec, tokenizer, max_length: int, pooling: Pooling):
+        super().__init__()
+        self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
+        self.embeddings = ModernBertEmbeddings(spec)
+        self.layers = nn.ModuleList(ModernBertLayer(spec, i) for i in range(spec.num_layers))
+        self.final_norm = nn.LayerNorm(spec.d_model, eps=spec.norm_eps, bias=spec.norm_bias)
+        self._copies: dict[torch.dtype, _Stack] = {}
+        self.eval()
+
+    # -- tokens ------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, with the special tokens ([CLS] ... [SEP]), truncated to ``max_length``; no padding."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def pack(self, texts: Sequence[str] | list[list[int]]) -> tuple[Tensor, Tensor, int]:
+        """Texts (or token id lists) -> ids (total,) int64, cu_seqlens (B + 1,) int32, max_seqlen int.
+
+        lengths [2, 4, 3] -> cu_seqlens [0, 2, 6, 9], max_seqlen 4, total 9. An empty text still has its
+        special tokens; an empty id list is a sequence of length 0.
+        """
+        ids = self.tokenize(texts) if texts and isinstance(texts[0], str) else [list(s) for s in texts]
+        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids], dtype=torch.int64))
+        return torch.tensor([t for s in ids for t in s], dtype=torch.int64), cu_seqlens, max_seqlen
+
+    # -- forward -----------------------------------------------------------------------------
+    def _stack(self, dtype: torch.dtype) -> _Stack:
+        """The layers in ``dtype``: fp32 shares this module's weights; another dtype is a converted copy, cached."""
+        if dtype == self.final_norm.weight.dtype:
+            return _Stack(self.layers, self.final_norm)
+        if dtype not in self._copies:
+            self._copies[dtype] = copy.deepcopy(_Stack(self.layers, self.final_norm)).to(dtype)
+        return self._copies[dtype]
+
+    def forward(self, ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, precision: str | None = None) -> Tensor:
+        """Last hidden states of packed tokens, as transformers' ModernBertModel gives them for the real tokens.
+
+        ids: (total,) int64 token ids, sequence after sequence; cu_seqlens: (B + 1,) int32 on ids' device;
+        max_seqlen: >= the longest sequence. precision: None / "fp32" (default), "bf16" or "auto"
+        (btlib.choose_precision: bf16 only where native and measured faster; bf16 runs a cached bf16
+        copy of the layers). Returns (total, d) float32.
+        """
+        if ids.dim() != 1 or ids.dtype.is_floating_point:
+            raise ValueError(f"ids must be (total,) integer token ids; got {tuple(ids.shape)} {ids.dtype}")
+        check_cu_seqlens(cu_seqlens, total=ids.numel(), max_seqlen=max_seqlen)
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
+        dtype = choose_precision(precision).dtype if precision else torch.float32
+        return self._forward(ids, cu_seqlens, int(max_seqlen), dtype)
+
+    def _forward(self, ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, dtype: torch.dtype) -> Tensor:
+        total = ids.numel()
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)  # (total,) first token of each token's sequence
+        positions = torch.arange(total, device=ids.device) - starts  # (total,): 0, 1, ... restarting per sequence
+        tables = {theta: rope_tables(positions, self.spec.head_dim, theta)
+                  for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
+        stack = self._stack(dtype)
+        x = self.embeddings(ids).to(dtype)  # (total, d)
+        for i, layer in enumerate(stack.layers):
+            x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen)
+        return stack.final_norm(x).float()
+
+    # -- sentence embeddings -----------------------------------------------------------------
+    def _pool(self, h: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """h (total, d) -> (B, d): the first token ("cls") or the mean over each sequence's tokens ("mean")."""
+        if self.pooling.mode == "cls":
+            return h[cu_seqlens[:-1].long()]
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=h.device), lengths)  # (total,)
+        sums = h.new_zeros(lengths.numel(), h.shape[1]).index_add_(0, seq, h)  # segment sum per sequence
+        return sums / lengths.clamp(min=1).view(-1, 1).to(h.dtype)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed",
+               precision: str | None = None) -> Tensor:
+        """Sentence embeddings (N, d) float32 as sentence-transformers computes them (pool, then normalise if the
+        folder says so; see ``pooling`` in the module docstring).
+
+        path: "packed" (the only path: ModernBERT is no nn.TransformerEncoder, so PyTorch's fastpath
+        cannot run it); "packed_bf16" is "packed" with precision="bf16".
+        precision: None or "fp32" (default), "bf16" (explicit: warns once where bf16 is not native,
+        with the measured rates), or "auto" (bf16 only where native and measured faster:
+        btlib.choose_precision() says what it picks here and why). batch_size: texts per forward, >= 1.
+        """
+        if path not in MODERNBERT_PATHS:
+            raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
+                             f"no nn.TransformerEncoder twin for PyTorch's fastpath); got {path!r}")
+        if precision == "int8":
+            raise ValueError("precision='int8' is not available for ModernBERT; use 'fp32', 'bf16' or 'auto'")
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts; wrap a single text in a list")
+        if path == "packed_bf16":
+            if precision not in (None, "bf16"):
+                raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
+            precision = "bf16"
+        dtype = choose_precision(precision).dtype if precision else torch.float32
+        if precision == "bf16":
+            warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch_size):
+                ids, cu_seqlens, max_seqlen = self.pack(self.tokenize(texts[i:i + batch_size]))
+                out.append(self._pool(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
+        emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
+        return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
