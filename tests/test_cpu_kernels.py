@@ -79,6 +79,10 @@ ops = _Ops()
     (lambda: ops.varlen_v3(x3, x3, x3, cu_ok, 3, False, 1.0), RuntimeError, "length 4 > max_seqlen 3"),
     (lambda: ops.varlen_v3(x3, x3, x3, cu_ok.long(), 4, False, 1.0), RuntimeError, "int32"),
     (lambda: ops.varlen_v3(x3, x3, x3, cu_ok[:2], 4, False, 1.0), RuntimeError, "must equal the number of tokens"),
+    (lambda: ops.attention_v3(q4, q4, q4, None, False, 1.0, -2, 3), RuntimeError, "window_left and window_right must be >= 0"),
+    (lambda: ops.varlen_v3(x3, x3, x3, cu_ok, 4, False, 1.0, 1, -5), RuntimeError, "or -1 for no limit"),
+    (lambda: btlib.attention(q4, q4, q4, window=(1, -1), backend="cpu_flash_v3"), ValueError, "right must be >= 0"),
+    (lambda: btlib.attention(q4, q4, q4, window=(1, 1), backend="cpu_tiled_v2"), ValueError, "has no local window"),
 ])
 def test_bad_inputs_raise(call, err, match):
     with pytest.raises(err, match=match):
@@ -120,27 +124,31 @@ def test_no_compiler_falls_back_to_pytorch():
 OTHER_BUILDS = [i for i in build.runnable() if i != build.isa()]
 
 
-def _v3(isa, q, k, v, L, causal, layout):
+def _v3(isa, q, k, v, L, causal, layout, window=None):
     """(out, fp32 reference) of build `isa`'s v3 or varlen on (B, H, T, D) q, k, v, in that layout.
 
     The reference sees the inputs with their padded positions zeroed: what lies there must not matter.
     """
     B, H, T, D = q.shape
     keep = (torch.arange(T)[None, :] < L[:, None])[:, None, :, None]  # (B, 1, T, 1)
-    ref = btlib.reference_attention(*(x.float().masked_fill(~keep, 0) for x in (q, k, v)), lengths=L, causal=causal)
+    ref = btlib.reference_attention(*(x.float().masked_fill(~keep, 0) for x in (q, k, v)), lengths=L, causal=causal,
+                                    window=window)
+    w = window or (-1, -1)
     if layout == "padded":
-        return build.ops(isa).attention_v3(q, k, v, L, causal, D**-0.5), ref
+        return build.ops(isa).attention_v3(q, k, v, L, causal, D**-0.5, *w), ref
     packed = [btlib.pack(x.transpose(1, 2), L).tokens.contiguous() for x in (q, k, v)]  # (total, H, D)
     cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
-    out = build.ops(isa).varlen_v3(*packed, cu, max_seqlen, causal, D**-0.5)
+    out = build.ops(isa).varlen_v3(*packed, cu, max_seqlen, causal, D**-0.5, *w)
     return out, btlib.pack(ref.transpose(1, 2), L).tokens
 
 
 def _build_op(isa: str, layout: str):
     """Build ``isa``'s v3 (or varlen) op with the registered kernel's signature, for check(fn=...)."""
     if layout == "padded":
-        return lambda q, k, v, *, lengths, causal, scale: build.ops(isa).attention_v3(q, k, v, lengths, causal, q.shape[-1] ** -0.5)
-    return lambda q, k, v, cu, max_seqlen, *, causal, scale: build.ops(isa).varlen_v3(q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5)
+        return lambda q, k, v, *, lengths, causal, scale, window=None: build.ops(isa).attention_v3(
+            q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))
+    return lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None: build.ops(isa).varlen_v3(
+        q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))
 
 
 @pytest.mark.parametrize("isa", OTHER_BUILDS)
@@ -181,3 +189,31 @@ def test_nan_and_inf_propagate_like_the_reference(isa, layout, dtype, causal):
     if layout == "padded":
         padded_rows = (torch.arange(q.shape[2])[None, :] >= L[:, None])[:, None, :, None].expand_as(out)
         assert (out[padded_rows] == 0).all()  # padded rows are exact 0, whatever the padding held
+
+
+@pytest.mark.parametrize("isa", build.runnable())
+@pytest.mark.parametrize("layout", ["padded", "varlen"])
+@pytest.mark.parametrize("window", [(0, 0), (5, 70), (64, 64)])
+def test_nan_and_inf_with_a_window(isa, layout, window):
+    """Scores outside the window are replaced, never added to: an inf key or NaN query there changes nothing.
+
+    NaN or inf in *values* outside a row's window may reach it through P = 0 times NaN, in this kernel
+    (keys in a tile the block visits) as in the reference's P V (every key), so this case has none.
+    """
+    q, k, v, L = _with_specials(torch.float32)
+    v = v.nan_to_num(0.0, 0.0, 0.0)
+    v[2] = float("nan")  # padding only
+    out, ref = _v3(isa, q, k, v, L, True, layout, window)
+    assert ref.isnan().any() and not ref.isnan().all()
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert relative_error(out[~ref.isnan()], ref[~ref.isnan()]) <= registry.FP32_TOL
+
+
+def test_window_wider_than_the_sequence_is_global_attention():
+    q, k, v = torch.randn(3, 2, 3, 150, 32)
+    L = torch.tensor([150, 77])
+    glob = btlib.attention(q, k, v, lengths=L, backend="cpu_flash_v3")
+    for window in [(149, 149), (10**12, 10**12)]:  # both reaches past every key: stored as "none"
+        assert torch.equal(btlib.attention(q, k, v, lengths=L, window=window, backend="cpu_flash_v3"), glob)
+    assert registry.select("padded", q, False, window=(64, 64)).name == "cpu_flash_v3"
+    assert registry.select("varlen", q[0], True, window=(64, 64)).name == "cpu_flash_varlen"

@@ -7,13 +7,17 @@
  *               v2 tiled: Br x Bc tiles, no T x T buffer; without the online softmax it needs two
  *               passes over K (row max, then exp-sum and P V): 6 T^2 D flops.
  *   flash.h     v3 flash: one pass, online softmax, register-blocked SIMD micro-kernels (vec.h:
- *               AVX-512, AVX2, NEON or portable; flash_tiles.h, flash_bf16dot.h). 4 T^2 D flops.
+ *               AVX-512, AVX2, NEON or portable; flash_tiles.h, flash_bf16dot.h). 4 T^2 D flops;
+ *               with a local window (left, right) only the key tiles meeting each query block's
+ *               band: about 4 T D (Br + left + right) flops, rounded up to whole Bc tiles.
  *               varlen is v3 on packed tokens + cu_seqlens: no work on padding.
  *   core.h      Problem, bf16, Br / Bc, and the thread-pool hook.
  *
- * Masks: key padding by `lengths` (keys j >= L ignored, query rows t >= L output 0) and causal
- * (key j <= query i, top-left aligned). A query row with no key to attend outputs 0; a NaN or
- * +inf among its scores makes it NaN, as in the reference.
+ * Masks: key padding by `lengths` (keys j >= L ignored, query rows t >= L output 0), causal
+ * (key j <= query i, top-left aligned) and, v3 and varlen only, a local window (window_left,
+ * window_right): key j allowed iff i - window_left <= j <= i + window_right, -1 = unbounded.
+ * A query row with no key to attend outputs 0; a NaN or +inf among its scores makes it NaN, as
+ * in the reference.
  * Threads: at::parallel_for, torch's intra-op pool (honours torch.set_num_threads). With torch's
  * OpenMP backend its body is an OpenMP region compiled into this file, hence -fopenmp (build.py).
  */
@@ -65,9 +69,18 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, in
   TORCH_CHECK(k.size(-1) == D, "btlib CPU attention: q and k must have one head_dim; got ", D, " and ", k.size(-1));
 }
 
+// The window's two reaches, checked; a reach past every key (>= T) is the same as none and is
+// stored as -1, which also keeps i + right + 1 from overflowing.
+void set_window(Problem& p, int64_t left, int64_t right, int64_t T) {
+  TORCH_CHECK(left >= -1 && right >= -1, "btlib CPU attention: window_left and window_right must be >= 0, or -1 for no "
+              "limit on that side; got ", left, " and ", right);
+  p.win_left = left >= T ? -1 : left;
+  p.win_right = right >= T ? -1 : right;
+}
+
 template <typename F>
 at::Tensor padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths,
-                  bool causal, double scale, bool allow_bf16, F&& kernel) {
+                  bool causal, double scale, int64_t window_left, int64_t window_right, bool allow_bf16, F&& kernel) {
   check_qkv(q, k, v, 4, allow_bf16);
   Problem p;
   p.B = q.size(0), p.H = q.size(1), p.Tq = q.size(2), p.D = q.size(3), p.Tk = k.size(2);
@@ -85,6 +98,7 @@ at::Tensor padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   p.causal = causal;
   p.scale = float(scale);
+  set_window(p, window_left, window_right, std::max(p.Tq, p.Tk));
   at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   for (int i = 0; i < 3; ++i) p.qs[i] = q.stride(i), p.ks[i] = k.stride(i), p.vs[i] = v.stride(i), p.os[i] = o.stride(i);
   if (q.numel() > 0) kernel(p, q, k, v, o);
@@ -92,13 +106,13 @@ at::Tensor padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 at::Tensor v1_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths, bool causal, double scale) {
-  return padded(q, k, v, lengths, causal, scale, false, [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
+  return padded(q, k, v, lengths, causal, scale, -1, -1, false, [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
     attention_v1(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), o.data_ptr<float>(), threads(), TorchParallelFor{});
   });
 }
 
 at::Tensor v2_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths, bool causal, double scale) {
-  return padded(q, k, v, lengths, causal, scale, false, [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
+  return padded(q, k, v, lengths, causal, scale, -1, -1, false, [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
     attention_v2(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), o.data_ptr<float>(), threads(), TorchParallelFor{});
   });
 }
@@ -111,12 +125,13 @@ void run_v3(const Problem& p, const at::Tensor& q, const at::Tensor& k, const at
     attention_v3(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), o.data_ptr<float>(), threads(), TorchParallelFor{});
 }
 
-at::Tensor v3_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths, bool causal, double scale) {
-  return padded(q, k, v, lengths, causal, scale, true, run_v3);
+at::Tensor v3_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths, bool causal, double scale,
+                 int64_t window_left, int64_t window_right) {
+  return padded(q, k, v, lengths, causal, scale, window_left, window_right, true, run_v3);
 }
 
 at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                     bool causal, double scale) {
+                     bool causal, double scale, int64_t window_left, int64_t window_right) {
   check_qkv(q, k, v, 3, true);
   TORCH_CHECK(k.sizes() == q.sizes(), "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ", k.sizes());
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1,
@@ -135,6 +150,7 @@ at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.cu_seqlens = c;
   p.causal = causal;
   p.scale = float(scale);
+  set_window(p, window_left, window_right, max_seqlen);
   at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   auto strides = [](const at::Tensor& x, int64_t* s) { s[0] = 0, s[1] = x.stride(1), s[2] = x.stride(0); };
   strides(q, p.qs), strides(k, p.ks), strides(v, p.vs), strides(o, p.os);  // sequence b starts at token cu_seqlens[b]
@@ -161,7 +177,9 @@ std::string build_info() {
 BTLIB_TORCH_LIBRARY(BTLIB_OPS_NS, m) {
   m.def("attention_v1(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor", &v1_op);
   m.def("attention_v2(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor", &v2_op);
-  m.def("attention_v3(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor", &v3_op);
-  m.def("varlen_v3(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale) -> Tensor", &varlen_op);
+  m.def("attention_v3(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale, int window_left=-1, "
+        "int window_right=-1) -> Tensor", &v3_op);
+  m.def("varlen_v3(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
+        "int window_left=-1, int window_right=-1) -> Tensor", &varlen_op);
   m.def("build_info() -> str", &build_info);
 }

@@ -1,6 +1,6 @@
 // core.h: what every version shares, with no torch in it (core_check.cpp builds it alone).
 //   - Br, Bc, kMaxD; bf16, an element type with at::BFloat16's bits and rounding;
-//   - Problem: one attention call (padded or varlen), strides in elements;
+//   - Problem: one attention call (padded or varlen, optionally a local window), strides in elements;
 //   - for_tasks: the thread-pool hook. The kernels take a parallel_for(n, f) callable that runs
 //     f(begin, end) over [0, n) on the caller's pool (attention.cpp passes at::parallel_for);
 //     tasks are handed out by an atomic counter, in chunks, so uneven work still balances.
@@ -54,12 +54,23 @@ struct Problem {
   const int32_t* cu_seqlens = nullptr;
   bool causal = false;
   float scale = 1.0f;
+  // Local window: row i may attend keys i - win_left .. i + win_right (ModernBERT: 64, 64); -1 is
+  // unbounded. Only v3 (flash.h) reads it; the bindings of v1/v2 (teaching.h) never set it.
+  int64_t win_left = -1, win_right = -1;
 
   int64_t row0(int64_t b) const { return cu_seqlens ? cu_seqlens[b] : 0; }
   int64_t len_q(int64_t b) const { return cu_seqlens ? cu_seqlens[b + 1] - cu_seqlens[b] : lengths ? lengths[b] : Tq; }
   int64_t len_k(int64_t b) const { return cu_seqlens ? cu_seqlens[b + 1] - cu_seqlens[b] : lengths ? lengths[b] : Tk; }
-  // keys query row i may attend: the causal mask is a prefix of the real keys
+  // keys query row i may attend without a window: the causal mask is a prefix of the real keys
   int64_t keys_of_row(int64_t b, int64_t i) const { return causal ? std::min(len_k(b), i + 1) : len_k(b); }
+  // [key_lo(i), key_hi(b, i)): the keys row i may attend under padding, causal and the window
+  // (none when key_hi <= key_lo). Both are non-decreasing in i, so rows [i0, i1] of a block
+  // attend only keys in [key_lo(i0), key_hi(b, i1)): the tiles v3 visits.
+  int64_t key_lo(int64_t i) const { return win_left < 0 ? 0 : std::max<int64_t>(0, i - win_left); }
+  int64_t key_hi(int64_t b, int64_t i) const {
+    const int64_t hi = keys_of_row(b, i);
+    return win_right < 0 ? hi : std::min(hi, i + win_right + 1);
+  }
   // rows of the output that belong to sequence b: padded rows t >= len_q are written as 0
   int64_t rows_out(int64_t b) const { return cu_seqlens ? len_q(b) : Tq; }
   template <typename T> T* at(T* x, const int64_t* s, int64_t b, int64_t h, int64_t t) const {

@@ -1,7 +1,10 @@
 // core_check.cpp: the torch-free kernel core (teaching.h, flash.h) against a double-precision
 // reference, in one program: every version, fp32 and bf16, padded and varlen, on sizes that are
-// not tile multiples, fully padded rows, causal on and off, and NaN/inf in q, k, v at real and
-// padded positions. Exits non-zero on any mismatch. tests/test_cpu_core.py builds it for every
+// not tile multiples, fully padded rows, causal on and off, local windows (v3 and varlen), and
+// NaN/inf in q, k, v at real and padded positions. v3 also reports how many (query block, key
+// tile) pairs it computed: that must be exactly the number of pairs where some row of the block
+// may attend some key of the tile (the tile skip of padding, causal and windows, counted here by
+// brute force). Exits non-zero on any mismatch. tests/test_cpu_core.py builds it for every
 // ISA this CPU runs (-DISA flags as in build.py) and for aarch64 (NEON) under qemu-aarch64:
 //   g++ -O2 -std=c++17 -pthread [-march=...] core_check.cpp -o core_check && ./core_check
 #include <cmath>
@@ -33,34 +36,61 @@ struct Case {
   bool causal;
   std::vector<int64_t> lengths;  // (B,)
   bool specials;                 // NaN / inf injected
+  int64_t win_left = -1, win_right = -1;  // local window, -1 = unbounded
 };
 
-// O = softmax(Q K^T * scale) V in double, IEEE NaN semantics as torch's reference: a NaN or +inf
-// score gives a NaN row. Rows t >= len_q and rows without keys are 0. Same Problem, same strides.
+// May query row i of sequence b attend key j? From the definitions, not from Problem's helpers.
+bool allowed(const Problem& p, int64_t b, int64_t i, int64_t j) {
+  return j < p.len_k(b) && (!p.causal || j <= i) && (p.win_left < 0 || j >= i - p.win_left) &&
+         (p.win_right < 0 || j <= i + p.win_right);
+}
+
+// O = softmax(Q K^T * scale) V in double over the allowed keys, IEEE NaN semantics as torch's
+// reference: a NaN or +inf score gives a NaN row; a row of -inf scores gives 0 (times V: NaN
+// where V is), as SDPA. Rows t >= len_q and rows without keys are 0. Same Problem, same strides.
 std::vector<double> reference(const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
                               const std::vector<float>& v, size_t out_size) {
   std::vector<double> o(out_size, 0.0);
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
       for (int64_t i = 0; i < p.len_q(b); ++i) {
-        const int64_t n = p.keys_of_row(b, i);
-        std::vector<double> s(n);
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < p.len_k(b); ++j)
+          if (allowed(p, b, i, j)) keys.push_back(j);
+        std::vector<double> s(keys.size());
         double m = -INFINITY, l = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (size_t n = 0; n < keys.size(); ++n) {
           double dot = 0.0;
-          for (int64_t d = 0; d < p.D; ++d) dot += double(p.at(q.data(), p.qs, b, h, i)[d]) * p.at(k.data(), p.ks, b, h, j)[d];
-          s[j] = dot * p.scale;
-          m = std::max(m, s[j]);
+          for (int64_t d = 0; d < p.D; ++d) dot += double(p.at(q.data(), p.qs, b, h, i)[d]) * p.at(k.data(), p.ks, b, h, keys[n])[d];
+          s[n] = dot * p.scale;
+          m = std::max(m, s[n]);
         }
-        for (int64_t j = 0; j < n; ++j) l += (s[j] = std::exp(s[j] - m));
+        if (m == -INFINITY) m = 0.0;  // only -inf scores: P = 0, not exp(-inf + inf) = NaN
+        for (auto& e : s) l += (e = std::exp(e - m));
         double* oi = o.data() + (p.at(q.data(), p.os, b, h, i) - q.data());
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t d = 0; d < p.D; ++d) oi[d] += s[j] / l * p.at(v.data(), p.vs, b, h, j)[d];
+        for (size_t n = 0; n < keys.size(); ++n)
+          for (int64_t d = 0; d < p.D; ++d) oi[d] += (l == 0.0 ? 0.0 : s[n] / l) * p.at(v.data(), p.vs, b, h, keys[n])[d];
       }
   return o;
 }
 
+// The (query block, key tile) pairs v3 must compute: blocks of Br real rows, tiles of Bc keys
+// (both from 0 in each sequence), counted where some row of the block may attend some key of the tile.
+int64_t band_tiles(const Problem& p) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t q0 = 0; q0 < p.len_q(b); q0 += Br)
+      for (int64_t j0 = 0; j0 < p.len_k(b); j0 += Bc) {
+        bool any = false;
+        for (int64_t i = q0; i < std::min(q0 + Br, p.len_q(b)) && !any; ++i)
+          for (int64_t j = j0; j < std::min(j0 + Bc, p.len_k(b)) && !any; ++j) any = allowed(p, b, i, j);
+        n += any;
+      }
+  return n * p.H;
+}
+
 int failures = 0, checks = 0;
+int64_t tiles_done = 0;  // (block, tile) pairs v3 computed over every check, printed at the end
 
 // out vs ref: NaN exactly where ref is NaN, padded rows exactly 0, the rest within tol * max|ref|
 void compare(const char* what, const Case& c, const Problem& p, const std::vector<float>& out, const std::vector<double>& ref,
@@ -83,9 +113,10 @@ void compare(const char* what, const Case& c, const Problem& p, const std::vecto
   ++checks;
   if (!ok) {
     ++failures;
-    std::printf("FAIL %-14s B=%lld H=%lld T=%lld D=%lld causal=%d specials=%d: rel err %.2e (tol %.0e), %lld NaN mismatches, "
-                "%lld nonzero padded outputs\n", what, (long long)c.B, (long long)c.H, (long long)c.T, (long long)c.D, c.causal,
-                c.specials, rel, tol, (long long)nan_mismatch, (long long)pad_nonzero);
+    std::printf("FAIL %-14s B=%lld H=%lld T=%lld D=%lld causal=%d window=(%lld, %lld) specials=%d: rel err %.2e (tol %.0e), "
+                "%lld NaN mismatches, %lld nonzero padded outputs\n", what, (long long)c.B, (long long)c.H, (long long)c.T,
+                (long long)c.D, c.causal, (long long)c.win_left, (long long)c.win_right, c.specials, rel, tol,
+                (long long)nan_mismatch, (long long)pad_nonzero);
   }
 }
 
@@ -108,8 +139,17 @@ void check_v3(const char* what, const Case& c, const Problem& p, const std::vect
               const std::vector<float>& v, double tol) {
   const auto qt = convert<T>(q), kt = convert<T>(k), vt = convert<T>(v);
   std::vector<T> o(q.size(), from_float<T>(kNaN));  // NaN-filled: a row the kernel forgets to write shows up
-  attention_v3(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
+  const int64_t tiles = attention_v3(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
   compare(what, c, p, widen(o), reference(p, widen(qt), widen(kt), widen(vt), q.size()), tol);
+  const int64_t want = band_tiles(p);
+  ++checks;
+  if (tiles != want) {
+    ++failures;
+    std::printf("FAIL %-14s B=%lld T=%lld causal=%d window=(%lld, %lld): computed %lld (block, tile) pairs, the band has %lld\n",
+                what, (long long)c.B, (long long)c.T, c.causal, (long long)c.win_left, (long long)c.win_right,
+                (long long)tiles, (long long)want);
+  }
+  tiles_done += tiles;
 }
 
 void run_case(const Case& c, std::mt19937& rng) {
@@ -127,8 +167,12 @@ void run_case(const Case& c, std::mt19937& rng) {
         at(k, b, H - 1, T - 1)[0] = kInf;
       }
       if (L > 0) at(q, b, 0, L - 1)[0] = kNaN;  // a NaN query: its row is NaN
-      if (L > 1) at(v, b, H - 1, 0)[0] = kNaN;  // a NaN value at key 0: every row that attends it
+      // A NaN value at key 0: every row that attends it. Not with a window: rows that do not attend
+      // key 0 but share its tile multiply it by P = 0 (NaN, as in the Python reference's P V), while
+      // this reference sums allowed keys only. NaN or inf scores outside a window are masked exactly.
+      if (L > 1 && c.win_left < 0) at(v, b, H - 1, 0)[0] = kNaN;
       if (L > 2) at(k, b, 0, 1)[D / 2] = kInf;  // an inf key: rows whose score is +inf are NaN
+      if (L > 2) at(q, b, 0, 1)[D / 2] = -1.0f;  // ... and -inf for row 1: alone in window (0, 0), it outputs 0
     }
   }
   Problem p;  // padded (B, H, T, D)
@@ -136,13 +180,16 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.lengths = c.lengths.data();
   const int64_t s[3] = {H * T * D, T * D, D};
   for (int i = 0; i < 3; ++i) p.qs[i] = p.ks[i] = p.vs[i] = p.os[i] = s[i];
-  const auto ref = reference(p, q, k, v, n);
-  std::vector<float> o(n, kNaN);
-  attention_v1(p, q.data(), k.data(), v.data(), o.data(), kThreads, ThreadsFor{});
-  compare("v1", c, p, o, ref, 1e-5);
-  std::fill(o.begin(), o.end(), kNaN);
-  attention_v2(p, q.data(), k.data(), v.data(), o.data(), kThreads, ThreadsFor{});
-  compare("v2", c, p, o, ref, 1e-5);
+  if (c.win_left < 0 && c.win_right < 0) {  // the teaching versions take no window
+    const auto ref = reference(p, q, k, v, n);
+    std::vector<float> o(n, kNaN);
+    attention_v1(p, q.data(), k.data(), v.data(), o.data(), kThreads, ThreadsFor{});
+    compare("v1", c, p, o, ref, 1e-5);
+    std::fill(o.begin(), o.end(), kNaN);
+    attention_v2(p, q.data(), k.data(), v.data(), o.data(), kThreads, ThreadsFor{});
+    compare("v2", c, p, o, ref, 1e-5);
+  }
+  p.win_left = c.win_left, p.win_right = c.win_right;
   check_v3<float>("v3 fp32", c, p, q, k, v, 1e-5);
   check_v3<bf16>("v3 bf16", c, p, q, k, v, 1.5e-2);  // P and O rounded to bf16: 2^-8 relative, twice
 
@@ -185,6 +232,31 @@ int main() {
         if (c.T > 1 && c.B > 1) c.lengths[1] = specials ? c.T - 1 : 0;
         run_case(c, rng);
       }
+  // Local windows: a row alone, lopsided and narrower than a tile, ModernBERT's (64, 64), wider than
+  // every T here, and unbounded on one side. Lengths: full, empty (fully padded rows), random.
+  const int64_t wsizes[][4] = {{2, 2, 1, 64}, {3, 2, 97, 64}, {2, 2, 97, 24}, {3, 1, 333, 64}, {2, 1, 333, 128}};
+  const int64_t windows[][2] = {{0, 0}, {1, 2}, {64, 64}, {400, 400}, {-1, 3}, {70, -1}};
+  const int64_t tiles_before = tiles_done;
+  for (const auto& s : wsizes)
+    for (const auto& w : windows)
+      for (bool causal : {false, true}) {
+        Case c{s[0], s[1], s[2], s[3], causal, {}, (w[0] == 64 || w[0] == 0) && s[3] == 64, w[0], w[1]};
+        std::uniform_int_distribution<int64_t> len(0, c.T);
+        for (int64_t b = 0; b < c.B; ++b) c.lengths.push_back(b == 0 ? c.T : b == 1 ? 0 : len(rng));
+        run_case(c, rng);
+      }
+  // The skip at work: (64, 64) on one sequence of 333 (6 query blocks) computes 3 tiles per
+  // block at most (2 at either end), 16 of the 36 pairs without a window.
+  Problem band;
+  const int64_t len333[1] = {333};
+  band.B = 1, band.H = 1, band.D = 64, band.Tq = band.Tk = 333, band.lengths = len333, band.win_left = band.win_right = 64;
+  const int64_t want16 = band_tiles(band);
+  band.win_left = band.win_right = -1;
+  const int64_t want36 = band_tiles(band);
+  ++checks, failures += !(want16 == 16 && want36 == 36);
+  if (want16 != 16 || want36 != 36) std::printf("FAIL band_tiles: %lld and %lld, expected 16 and 36\n", (long long)want16, (long long)want36);
+  std::printf("window cases: %lld (query block, key tile) pairs computed, each equal to its band's count\n",
+              (long long)(tiles_done - tiles_before));
   std::printf("core_check %s W=%d kR=%d kNV=%d bf16dot=%d: %d checks, %d failures\n", kIsa, W, kR, kNV, int(kBf16Dot), checks,
               failures);
   return failures == 0 ? 0 : 1;

@@ -2,15 +2,21 @@
 // on padded (B, H, T, D) or packed (total, H, D) + cu_seqlens inputs; no torch in here.
 //
 // Work: 4 D sum(Lq Lk) flops (causal about half), none on padding: tasks exist only for real query
-// blocks and read only their own sequence's keys. Per query block Q (Br x D), S (Br x Bc) and
-// O (Br x Dp) stay in L1/L2; K^T and V are packed once per (b, h) per thread and stream through.
+// blocks and read only their own sequence's keys. With a local window (left, right) a query block
+// visits only the key tiles that intersect its band [key_lo(q0), key_hi(q0 + Br - 1)): about
+// 4 D L (Br + left + right) rounded up to whole Bc tiles per sequence instead of 4 D L^2 (at
+// (64, 64) and Br = Bc = 64: 3 tiles, 192 keys per row for 129 allowed). Per query block Q (Br x D),
+// S (Br x Bc) and O (Br x Dp) stay in L1/L2; K^T and V are packed once per (b, h) per thread and
+// stream through.
 // The products run on a Path (flash_tiles.h: fp32; flash_bf16dot.h: vdpbf16ps); the softmax, the
 // masks and the block loop below are the same for both.
 //
 // NaN and inf, as in the reference: a row whose attended scores hold a NaN or +inf is NaN in every
-// element (softmax of it is NaN); NaN or inf in V at an attended key flows through P V; keys
-// beyond the sequence's length are never packed and padded query rows are written as exact 0,
-// so nothing in the padding reaches a real row.
+// element (softmax of it is NaN); a row whose attended scores are all -inf outputs 0 (as SDPA; a
+// window of one key makes that one inf key away); NaN or inf in V at an attended key flows
+// through P V (and, as in the reference's P V, may reach rows that share its key tile without
+// attending it: 0 * NaN); keys beyond the sequence's length are never packed and padded query
+// rows are written as exact 0, so nothing in the padding reaches a real row.
 #pragma once
 
 #include "flash_bf16dot.h"
@@ -18,23 +24,38 @@
 
 namespace btlib_core {
 
-// Online softmax of one row of the tile: `valid` of the nk scores may attend (the rest are
-// masked). Updates the running max m and sum l, leaves P = 2^(S - m_new) in place (0 where
-// masked) and returns alpha = 2^(m_old - m_new), the factor that rescales what O holds.
-// A NaN score can be lost by the max but not by S - m_new: its P is NaN, so l and O are.
-inline float online_softmax_row(float* S, int64_t nk, int64_t valid, float& m, float& l) {
-  if (valid <= 0) {
+// Online softmax of one row of the tile: scores [first, last) of the nk may attend (the rest are
+// masked: padding and causal cut a suffix, a window also a prefix). Updates the running max m
+// and sum l, leaves P = 2^(S - m_new) in place (exact 0 where masked: replaced, never multiplied,
+// so a NaN or inf score there cannot leak) and returns alpha = 2^(m_old - m_new), the factor
+// that rescales what O holds. A NaN score can be lost by the max but not by S - m_new: its P is
+// NaN, so l and O are.
+inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t last, float& m, float& l) {
+  if (last <= first) {
     std::fill_n(S, round_up(nk, W), 0.0f);  // whole vectors: the bf16 path reads P in pairs
     return 1.0f;
   }
   vf mx = vset1(kNegInf);
-  for (int64_t c = 0; c < valid; c += W) mx = vmax(mx, vkeep_first(vload(S + c), int(valid - c), kNegInf));
+  for (int64_t c = first / W * W; c < last; c += W) mx = vmax(mx, vkeep_range(vload(S + c), int(first - c), int(last - c), kNegInf));
   const float m_new = std::max(m, vhmax(mx));                     // m_new = max(m, rowmax(S))
   const float alpha = m == kNegInf ? 0.0f : std::exp2(m - m_new);  // rescale l and O to the new max
+  if (m_new == kNegInf) {
+    // Every attended score so far is -inf (or NaN, which the max drops): P = 0, NaN stays NaN, so
+    // l = 0 and the row outputs 0 as SDPA's does, unless a NaN came. 2^(S - m_new) would be NaN,
+    // and the vector exp2 of -inf is only ~1e-38 on AVX2/NEON, not 0. Rare: a scalar loop.
+    float sum = 0.0f;
+    for (int64_t j = 0; j < round_up(nk, W); ++j) sum += (S[j] = j >= first && j < last && std::isnan(S[j]) ? S[j] : 0.0f);
+    l = l * alpha + sum;
+    return alpha;
+  }
   const vf mv = vset1(m_new);
   vf sum = vzero();
   for (int64_t c = 0; c < nk; c += W) {
-    const vf P = vkeep_first(vexp2(vsub(vload(S + c), mv)), int(valid - c), 0.0f);  // P = exp(S - m_new)
+    if (c + W <= first || c >= last) {  // a vector wholly outside the row's keys: P = 0, no exp
+      vstore(S + c, vzero());
+      continue;
+    }
+    const vf P = vkeep_range(vexp2(vsub(vload(S + c), mv)), int(first - c), int(last - c), 0.0f);  // P = exp(S - m_new)
     vstore(S + c, P);
     sum = vadd(sum, P);
   }
@@ -44,13 +65,18 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t valid, float& m, f
 }
 
 // One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale) V over the keys it attends.
+// Returns the number of key tiles it visited (core_check.cpp checks it against the band).
 template <typename Path, typename T>
-void flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h, int64_t q0,
-                 Workspace& ws) {
+int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h, int64_t q0,
+                    Workspace& ws) {
   const int64_t D = p.D, Dp = round_up(D, W);
   const int64_t nq = std::min(Br, p.len_q(b) - q0);  // real query rows of this block
   ws.S.resize(Br * Bc);
   ws.O.resize(Br * Dp);
+  // K^T and V of the whole sequence, even with a window: packing is linear in L (2 L D copies per
+  // (b, h) per thread, a few % of the band's 4 L D (Br + left + right) flops), a thread's chunk
+  // of tasks is mostly consecutive blocks of one (b, h) that reuse it, and whole-sequence tiles
+  // keep one key-tile index for every block (a sliding buffer would repack per block).
   if (ws.packed != b * p.H + h) {
     Path::pack_kv(p, k, v, b, h, Dp, ws);
     ws.packed = b * p.H + h;
@@ -59,32 +85,39 @@ void flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, int
   std::fill_n(ws.O.data(), nq * Dp, 0.0f);
   std::fill_n(ws.m, nq, kNegInf);
   std::fill_n(ws.l, nq, 0.0f);
-  const int64_t kv_end = p.keys_of_row(b, q0 + nq - 1);  // causal: later keys are masked for every row
-  for (int64_t j0 = 0; j0 < kv_end; j0 += Bc) {
+  // The block's rows attend keys in [kv_begin, kv_end): padding and causal end it, a window also
+  // starts it. Tiles stay aligned to Bc (the packing's), so the first is the one holding kv_begin.
+  const int64_t kv_begin = p.key_lo(q0), kv_end = p.key_hi(b, q0 + nq - 1);
+  int64_t tiles = 0;
+  for (int64_t j0 = kv_begin / Bc * Bc; j0 < kv_end; j0 += Bc, ++tiles) {
     const int64_t nk = std::min(Bc, kv_end - j0);
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // S = Q K^T * scale * log2(e)
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, nk); });
-    for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row
-      const int64_t valid = std::min(nk, p.keys_of_row(b, q0 + i) - j0);
-      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, valid, ws.m[i], ws.l[i]);
+    for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile
+      const int64_t first = std::clamp<int64_t>(p.key_lo(q0 + i) - j0, 0, nk);
+      const int64_t last = std::clamp<int64_t>(p.key_hi(b, q0 + i) - j0, 0, nk);
+      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i]);
       Path::store_p(ws, i, nk);
     }
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // O = diag(alpha) O + P V
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template pv<R()>(ws, Dp, i0, j0, nk); });
   }
   for (int64_t i = 0; i < nq; ++i) {
-    // O = O / l. A row with no key outputs 0. With keys, l >= 1 unless every attended score was
-    // -inf (then 1 / l = inf and O = 0 give NaN, the reference's softmax of a row of -inf).
-    const float inv_l = p.keys_of_row(b, q0 + i) > 0 ? 1.0f / ws.l[i] : 0.0f;
+    // O = O / l. l >= 1 once a score is finite; l = 0 for a row with no key or only -inf scores,
+    // which outputs 0 (O is 0 there, or NaN from 0 * inf in V, as in the reference); a NaN l comes
+    // with a NaN O, which stays NaN.
+    const float inv_l = ws.l[i] > 0.0f ? 1.0f / ws.l[i] : 0.0f;
     T* oi = p.at(o, p.os, b, h, q0 + i);
     for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(ws.O[i * Dp + d] * inv_l);
   }
+  return tiles;
 }
 
 // v3 over all (b, h, query block) tasks on `threads` workers of parallel_for (core.h), then the
-// padded output rows set to 0. T is float or bf16.
+// padded output rows set to 0. T is float or bf16. Returns the number of (query block, key tile)
+// pairs computed: the work done, which a window cuts (core_check.cpp counts the band's tiles).
 template <typename T, typename ParallelFor>
-void attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
+int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
   using Path = typename PathFor<T>::type;
   struct Task { int64_t b, h, q0; };
   std::vector<Task> tasks;  // only blocks with real query rows
@@ -98,15 +131,17 @@ void attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, in
   // one (b, h) and packs its K^T and V once, while the chunks still balance uneven (causal,
   // varlen) work.
   const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
+  std::atomic<int64_t> tiles{0};
   for_tasks<Workspace>(parallel_for, threads, n, chunk, [&](int64_t t, Workspace& ws) {
-    flash_block<Path>(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws);
+    tiles.fetch_add(flash_block<Path>(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
   });
-  if (p.cu_seqlens || !p.lengths) return;  // no padded rows
+  if (p.cu_seqlens || !p.lengths) return tiles.load();  // no padded rows
   struct None {};
   const int64_t BH = p.B * p.H;
   for_tasks<None>(parallel_for, threads, BH, std::max<int64_t>(1, BH / std::max(threads, 1)), [&](int64_t t, None&) {
     zero_rows(p, o, t / p.H, t % p.H, p.len_q(t / p.H), p.rows_out(t / p.H));
   });
+  return tiles.load();
 }
 
 }  // namespace btlib_core

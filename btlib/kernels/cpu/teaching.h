@@ -3,8 +3,8 @@
 //
 // A row's valid keys are a prefix (key padding and the causal mask both cut from the right), so
 // the loops stop at keys_of_row instead of writing -inf: a real -inf or NaN score then takes part
-// in the softmax as in the reference (a NaN or +inf score makes the row NaN), while masked keys
-// never do.
+// in the softmax as in the reference (a NaN or +inf score makes the row NaN; a row of -inf
+// scores outputs 0, as SDPA's), while masked keys never do.
 #pragma once
 
 #include <vector>
@@ -32,10 +32,11 @@ void attention_v1(const Problem& p, const float* q, const float* k, const float*
         for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
         Si[j] = dot * p.scale;
       }
-      float m = kNegInf, l = 0.0f;  // P = softmax(S); exp(NaN - m) and exp(-inf - -inf) are NaN
+      float m = kNegInf, l = 0.0f;  // P = softmax(S); exp(NaN - m) is NaN
       for (int64_t j = 0; j < n; ++j) m = std::max(m, Si[j]);
+      if (m == kNegInf) m = 0.0f;  // only -inf scores (or none): P = 0, l = 0, not exp(-inf + inf) = NaN
       for (int64_t j = 0; j < n; ++j) l += (Si[j] = std::exp(Si[j] - m));
-      const float inv_l = n > 0 ? 1.0f / l : 0.0f;  // a row with no key outputs 0
+      const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // no key, or only -inf scores: 0; a NaN l keeps its NaN P
       float* oi = p.at(o, p.os, b, h, i);  // O = P V
       std::fill_n(oi, D, 0.0f);
       for (int64_t j = 0; j < n; ++j) {
@@ -82,6 +83,7 @@ void attention_v2(const Problem& p, const float* q, const float* k, const float*
           for (int64_t jj = 0; jj < n; ++jj) w.m[i] = std::max(w.m[i], w.S[i * Bc + jj]);
         }
       }
+      for (float& m : w.m) m = m == kNegInf ? 0.0f : m;  // only -inf scores (or none): P = 0, not NaN
       std::fill(w.l.begin(), w.l.end(), 0.0f);
       std::fill_n(w.O.begin(), nq * D, 0.0f);
       for (int64_t j0 = 0; j0 < kv_end; j0 += Bc) {  // pass 2: recompute S; P = exp(S - m); l += rowsum(P); O += P V
@@ -99,7 +101,7 @@ void attention_v2(const Problem& p, const float* q, const float* k, const float*
         }
       }
       for (int64_t i = 0; i < nq; ++i) {  // O /= l
-        const float inv_l = p.keys_of_row(b, q0 + i) > 0 ? 1.0f / w.l[i] : 0.0f;
+        const float inv_l = w.l[i] > 0.0f ? 1.0f / w.l[i] : 0.0f;  // as v1
         float* oi = p.at(o, p.os, b, h, q0 + i);
         for (int64_t d = 0; d < D; ++d) oi[d] = w.O[i * D + d] * inv_l;
       }

@@ -52,10 +52,10 @@ inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
 inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
-// lanes >= n become `fill` (n may be <= 0 or >= W)
-inline vf vkeep_first(vf x, int n, float fill) {
-  const __mmask16 k = n >= W ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-  return _mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+// lanes outside [lo, hi) become `fill` (lo, hi may lie outside [0, W])
+inline __mmask16 first_lanes(int n) { return n >= W ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
+inline vf vkeep_range(vf x, int lo, int hi, float fill) {
+  return _mm512_mask_blend_ps(__mmask16(first_lanes(hi) & ~first_lanes(lo)), _mm512_set1_ps(fill), x);
 }
 // 2^x for x <= 0: n = round(x), 2^(x - n) by polynomial, then scalef multiplies by 2^n
 // (and flushes x < -150, including -inf, to 0).
@@ -93,9 +93,10 @@ inline float vhsum(vf a) {
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
-inline vf vkeep_first(vf x, int n, float fill) {
+inline vf vkeep_range(vf x, int lo, int hi, float fill) {
   const vf lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-  const vf keep = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n)), _CMP_LT_OQ);
+  const vf keep = _mm256_and_ps(_mm256_cmp_ps(lane, _mm256_set1_ps(float(lo)), _CMP_GE_OQ),
+                                _mm256_cmp_ps(lane, _mm256_set1_ps(float(hi)), _CMP_LT_OQ));
   return _mm256_blendv_ps(_mm256_set1_ps(fill), x, keep);
 }
 // 2^x for x <= 0; 2^n is built in the exponent bits, so x is clamped at -126 (2^-126 ~ 1e-38,
@@ -126,9 +127,10 @@ inline vf vsub(vf a, vf b) { return vsubq_f32(a, b); }
 inline vf vmax(vf a, vf b) { return vmaxq_f32(a, b); }
 inline float vhmax(vf a) { return vmaxvq_f32(a); }
 inline float vhsum(vf a) { return vaddvq_f32(a); }
-inline vf vkeep_first(vf x, int n, float fill) {
+inline vf vkeep_range(vf x, int lo, int hi, float fill) {
   const float lanes[4] = {0, 1, 2, 3};
-  const uint32x4_t keep = vcltq_f32(vld1q_f32(lanes), vdupq_n_f32(float(n)));
+  const vf lane = vld1q_f32(lanes);
+  const uint32x4_t keep = vandq_u32(vcgeq_f32(lane, vdupq_n_f32(float(lo))), vcltq_f32(lane, vdupq_n_f32(float(hi))));
   return vbslq_f32(keep, x, vdupq_n_f32(fill));
 }
 // 2^x for x <= 0, as on AVX2: polynomial times 2^n built in the exponent bits, x clamped at -126.
@@ -157,7 +159,7 @@ inline vf vsub(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] -= b.v[i]; retur
 inline vf vmax(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
 inline float vhmax(vf a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
 inline float vhsum(vf a) { float s = 0.0f; for (int i = 0; i < W; ++i) s += a.v[i]; return s; }
-inline vf vkeep_first(vf x, int n, float fill) { for (int i = 0; i < W; ++i) if (i >= n) x.v[i] = fill; return x; }
+inline vf vkeep_range(vf x, int lo, int hi, float fill) { for (int i = 0; i < W; ++i) if (i < lo || i >= hi) x.v[i] = fill; return x; }
 inline vf vexp2(vf x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp2(x.v[i]); return x; }
 #endif
 
