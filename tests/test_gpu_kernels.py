@@ -52,7 +52,8 @@ def test_triton_compiles_for(capability):
         pytest.skip("TRITON_INTERPRET=1 is set for this test process: the interpreter replaces the compiler")
     padded = compile_for(capability, torch.float16, 64, varlen=False, causal=True)
     varlen = compile_for(capability, torch.bfloat16, 128, varlen=True, causal=False)
-    for c in (padded, varlen):
+    windowed = compile_for(capability, torch.bfloat16, 64, varlen=True, causal=False, window=True)  # ModernBERT's local layers
+    for c in (padded, varlen, windowed):
         assert c.cubin_bytes > 0 and c.fits, str(c)
         # Triton 3.9 emits tensor-core instructions (mma) for sm_80 and sm_90, none for sm_75 (FMA only).
         assert c.tensor_cores == (capability >= 80), str(c)
@@ -183,3 +184,17 @@ def test_gpu_triton_matches_sdpa_flash_at_scale():
     assert relative_error(out.float(), ref) <= LOW_PRECISION_FACTOR * max(relative_error(sdpa.float(), ref), 1e-4)
 
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton_flash_varlen", "cuda_flash_varlen"])
+def test_gpu_window_on_packed_documents(name):
+    """ModernBERT's local layers: window (64, 64) on packed documents longer than a tile, against the reference."""
+    lengths = torch.tensor([700, 64, 1, 300], device="cuda")
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(lengths)
+    q, k, v = torch.randn(3, int(lengths.sum()), 4, 64, device="cuda", dtype=torch.float16)
+    for causal in (False, True):
+        out = btlib.varlen_attention(q, k, v, cu, max_seqlen, causal=causal, window=(64, 64), backend=name)
+        ref = btlib.reference_varlen_attention(q, k, v, cu, max_seqlen, causal=causal, window=(64, 64))
+        sdpa = get("torch_sdpa_loop").fn(q, k, v, cu, max_seqlen, causal=causal, scale=None, window=(64, 64))
+        assert relative_error(out.float(), ref) <= LOW_PRECISION_FACTOR * max(relative_error(sdpa.float(), ref), 1e-4)

@@ -6,8 +6,8 @@
 // visits only the key tiles that intersect its band [key_lo(q0), key_hi(q0 + Br - 1)): about
 // 4 D L (Br + left + right) rounded up to whole Bc tiles per sequence instead of 4 D L^2 (at
 // (64, 64) and Br = Bc = 64: 3 tiles, 192 keys per row for 129 allowed). Per query block Q (Br x D),
-// S (Br x Bc) and O (Br x Dp) stay in L1/L2; K^T and V are packed once per (b, h) per thread and
-// stream through.
+// S (Br x Bc) and O (Br x Dp) stay in L1/L2; K^T and V tiles are packed once per (b, h) per
+// thread, when a block first reaches them, and stream through.
 // The products run on a Path (flash_tiles.h: fp32; flash_bf16dot.h: vdpbf16ps); the softmax, the
 // masks and the block loop below are the same for both.
 //
@@ -73,12 +73,14 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
   const int64_t nq = std::min(Br, p.len_q(b) - q0);  // real query rows of this block
   ws.S.resize(Br * Bc);
   ws.O.resize(Br * Dp);
-  // K^T and V of the whole sequence, even with a window: packing is linear in L (2 L D copies per
-  // (b, h) per thread, a few % of the band's 4 L D (Br + left + right) flops), a thread's chunk
-  // of tasks is mostly consecutive blocks of one (b, h) that reuse it, and whole-sequence tiles
-  // keep one key-tile index for every block (a sliding buffer would repack per block).
+  // K^T and V tiles are packed when a block of this thread first reaches them, into buffers sized
+  // for the whole sequence (one tile index for every block; a thread's chunk of tasks is mostly
+  // consecutive blocks of one (b, h), which reuse them). With a window a thread then packs only
+  // the tiles its blocks' bands reach: packing a tile (a transpose, 2 Bc D scalar copies) costs
+  // about as much as one (block, tile) product, and at (64, 64) a block computes only 3 of them.
   if (ws.packed != b * p.H + h) {
-    Path::pack_kv(p, k, v, b, h, Dp, ws);
+    Path::reserve_kv(p, b, Dp, ws);
+    ws.tile_ready.assign(round_up(p.len_k(b), Bc) / Bc, 0);
     ws.packed = b * p.H + h;
   }
   Path::pack_q(p, q, b, h, q0, nq, ws);
@@ -91,6 +93,10 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
   int64_t tiles = 0;
   for (int64_t j0 = kv_begin / Bc * Bc; j0 < kv_end; j0 += Bc, ++tiles) {
     const int64_t nk = std::min(Bc, kv_end - j0);
+    if (!ws.tile_ready[j0 / Bc]) {
+      Path::pack_kv_tile(p, k, v, b, h, Dp, j0, ws);
+      ws.tile_ready[j0 / Bc] = 1;
+    }
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // S = Q K^T * scale * log2(e)
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, nk); });
     for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile

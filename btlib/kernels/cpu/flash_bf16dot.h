@@ -63,17 +63,24 @@ inline void pv_tile_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, in
 }
 
 struct Bf16DotPath {
-  static void pack_kv(const Problem& p, const bf16* k, const bf16* v, int64_t b, int64_t h, int64_t Dp, Workspace& ws) {
-    const int64_t D = p.D, Dh = (D + 1) / 2, Lk = p.len_k(b), Tp = round_up(Lk, Bc);
-    ws.kt2.assign(Tp * Dh * 2, 0);
-    ws.vp2.assign(Tp * Dp, 0);
-    for (int64_t j = 0; j < Lk; ++j) {
-      const bf16* kj = p.at(k, p.ks, b, h, j);
-      const bf16* vj = p.at(v, p.vs, b, h, j);
-      uint16_t* kt = ws.kt2.data() + ((j / Bc) * Dh * Bc + j % Bc) * 2;
-      for (int64_t d = 0; d < D; ++d) kt[(d / 2) * Bc * 2 + d % 2] = kj[d].x;
-      uint16_t* vp = ws.vp2.data() + (j / 2) * Dp * 2 + j % 2;
-      for (int64_t d = 0; d < D; ++d) vp[d * 2] = vj[d].x;
+  static void reserve_kv(const Problem& p, int64_t b, int64_t Dp, Workspace& ws) {
+    const int64_t Tp = round_up(p.len_k(b), Bc);
+    ws.kt2.resize(Tp * (p.D + 1) / 2 * 2);
+    ws.vp2.resize(Tp * Dp);
+  }
+  // key tile [j0, j0 + Bc): K^T as [Dh][Bc][2], V as [Bc / 2][Dp][2], zero beyond Lk and D
+  static void pack_kv_tile(const Problem& p, const bf16* k, const bf16* v, int64_t b, int64_t h, int64_t Dp, int64_t j0,
+                           Workspace& ws) {
+    const int64_t D = p.D, Dh = (D + 1) / 2, nk = std::min(Bc, p.len_k(b) - j0);
+    uint16_t* kt = ws.kt2.data() + j0 * Dh * 2;
+    uint16_t* vp = ws.vp2.data() + j0 * Dp;  // Bc is even: a tile starts a pair
+    if (nk < Bc || D % 2) std::fill_n(kt, Dh * Bc * 2, uint16_t(0));
+    if (nk < Bc || Dp > D) std::fill_n(vp, Bc * Dp, uint16_t(0));
+    for (int64_t j = 0; j < nk; ++j) {
+      const bf16* kj = p.at(k, p.ks, b, h, j0 + j);
+      const bf16* vj = p.at(v, p.vs, b, h, j0 + j);
+      for (int64_t d = 0; d < D; ++d) kt[((d / 2) * Bc + j) * 2 + d % 2] = kj[d].x;
+      for (int64_t d = 0; d < D; ++d) vp[(j / 2) * Dp * 2 + d * 2 + j % 2] = vj[d].x;
     }
   }
   static void pack_q(const Problem& p, const bf16* q, int64_t b, int64_t h, int64_t q0, int64_t nq, Workspace& ws) {

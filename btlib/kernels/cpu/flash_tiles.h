@@ -1,8 +1,8 @@
 // flash_tiles.h: v3's per-thread workspace and its fp32 SIMD micro-kernels (vec.h).
 //
 // F32Path is how v3 (flash.h) computes S = Q K^T and O += P V in fp32: K^T and V are packed
-// once per (b, h) per thread, then register-blocked micro-tiles of kR rows x kNV vectors do both
-// products. bf16 inputs take this path too where the CPU has no AVX512_BF16 (converted while
+// per key tile, once per (b, h) per thread, then register-blocked micro-tiles of kR rows x kNV
+// vectors do both products. bf16 inputs take this path too where the CPU has no AVX512_BF16 (converted while
 // packing); flash_bf16dot.h is the path for CPUs that have it.
 #pragma once
 
@@ -15,10 +15,12 @@ namespace btlib_core {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Per-thread buffers. K^T and V of the (b, h) last packed are kept: consecutive tasks of a
-// thread are mostly query blocks of the same (b, h), which then skip the packing.
+// Per-thread buffers. K^T and V of the (b, h) last used are kept, tile by tile as blocks first
+// need them: consecutive tasks of a thread are mostly query blocks of the same (b, h), which then
+// skip the packing, and with a window a thread packs only the tiles its blocks' bands reach.
 struct Workspace {
-  int64_t packed = -1;    // b * H + h of the packed K^T / V, -1 for none
+  int64_t packed = -1;    // b * H + h whose tiles kt / vp hold, -1 for none
+  std::vector<uint8_t> tile_ready;  // per key tile of that (b, h): packed yet?
   std::vector<float> kt;  // K^T in key blocks: [ceil(Lk / Bc)][D][Bc], zero beyond Lk
   std::vector<float> vp;  // V: [ceil(Lk / Bc) * Bc][Dp], zero beyond Lk and D
   std::vector<float> qs;  // Q block * scale * log2(e): [Br][D]
@@ -101,16 +103,25 @@ inline void across_d(int64_t Dp, Tile&& tile) {
 
 template <typename T>
 struct F32Path {
-  static void pack_kv(const Problem& p, const T* k, const T* v, int64_t b, int64_t h, int64_t Dp, Workspace& ws) {
-    const int64_t D = p.D, Lk = p.len_k(b), Tp = round_up(Lk, Bc);
-    ws.kt.assign(Tp * D, 0.0f);
-    ws.vp.assign(Tp * Dp, 0.0f);
-    for (int64_t j = 0; j < Lk; ++j) {
-      const T* kj = p.at(k, p.ks, b, h, j);
-      const T* vj = p.at(v, p.vs, b, h, j);
-      float* kt = ws.kt.data() + (j / Bc) * D * Bc + j % Bc;
-      for (int64_t d = 0; d < D; ++d) kt[d * Bc] = to_float(kj[d]);
-      for (int64_t d = 0; d < D; ++d) ws.vp[j * Dp + d] = to_float(vj[d]);
+  // room for sequence b's K^T and V; tiles are packed by pack_kv_tile
+  static void reserve_kv(const Problem& p, int64_t b, int64_t Dp, Workspace& ws) {
+    const int64_t Tp = round_up(p.len_k(b), Bc);
+    ws.kt.resize(Tp * p.D);
+    ws.vp.resize(Tp * Dp);
+  }
+  // key tile [j0, j0 + Bc): K^T as [D][Bc], V as [Bc][Dp], zero beyond Lk and D
+  static void pack_kv_tile(const Problem& p, const T* k, const T* v, int64_t b, int64_t h, int64_t Dp, int64_t j0,
+                           Workspace& ws) {
+    const int64_t D = p.D, nk = std::min(Bc, p.len_k(b) - j0);
+    float* kt = ws.kt.data() + j0 * D;
+    float* vp = ws.vp.data() + j0 * Dp;
+    if (nk < Bc) std::fill_n(kt, D * Bc, 0.0f);
+    if (nk < Bc || Dp > D) std::fill_n(vp, Bc * Dp, 0.0f);
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* kj = p.at(k, p.ks, b, h, j0 + j);
+      const T* vj = p.at(v, p.vs, b, h, j0 + j);
+      for (int64_t d = 0; d < D; ++d) kt[d * Bc + j] = to_float(kj[d]);
+      for (int64_t d = 0; d < D; ++d) vp[j * Dp + d] = to_float(vj[d]);
     }
   }
   // Q * scale * log2(e): the softmax runs in base 2, exp(x) = 2^(x log2 e)

@@ -70,8 +70,16 @@ at::Tensor run(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Te
   return o;
 }
 
+// The window's reaches, checked; a reach >= T (past every key) is the same as none: stored as -1.
+void set_window(Params& p, int64_t left, int64_t right, int64_t T) {
+  TORCH_CHECK(left >= -1 && right >= -1, "btlib CUDA attention: window_left and window_right must be >= 0, or -1 for no limit "
+              "on that side; got ", left, " and ", right);
+  p.win_left = left >= T ? -1 : static_cast<int>(left);
+  p.win_right = right >= T ? -1 : static_cast<int>(right);
+}
+
 at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths,
-                         bool causal, double scale) {
+                         bool causal, double scale, int64_t window_left, int64_t window_right) {
   check_qkv(q, k, v, 4);
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1), "btlib CUDA attention: k must be (B, H, S, D) with q's B and H; got q ",
@@ -81,6 +89,7 @@ at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.Tq = static_cast<int>(q.size(2)), p.Tk = static_cast<int>(k.size(2));
   p.causal = causal;
   p.scale_log2e = static_cast<float>(scale * kLog2e);
+  set_window(p, window_left, window_right, std::max(p.Tq, p.Tk));
   at::Tensor len;
   if (lengths.has_value()) {
     TORCH_CHECK(lengths->dim() == 1 && lengths->size(0) == q.size(0), "btlib CUDA attention: lengths must be (B,) = (", q.size(0),
@@ -99,7 +108,7 @@ at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                      bool causal, double scale) {
+                      bool causal, double scale, int64_t window_left, int64_t window_right) {
   check_qkv(q, k, v, 3);
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(k.sizes() == q.sizes(), "btlib CUDA varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ",
@@ -122,6 +131,7 @@ at::Tensor varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.cu_seqlens = cu.data_ptr<int32_t>();
   p.causal = causal;
   p.scale_log2e = static_cast<float>(scale * kLog2e);
+  set_window(p, window_left, window_right, max_seqlen);
   return run(p, q, k, v, true);
 }
 
@@ -133,7 +143,9 @@ std::string build_info() {
 }  // namespace
 
 TORCH_LIBRARY(btlib_cuda, m) {
-  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor", &attention_fwd);
-  m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale) -> Tensor", &varlen_fwd);
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale, int window_left=-1, "
+        "int window_right=-1) -> Tensor", &attention_fwd);
+  m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
+        "int window_left=-1, int window_right=-1) -> Tensor", &varlen_fwd);
   m.def("build_info() -> str", &build_info);
 }

@@ -27,6 +27,9 @@ struct Params {
   int64_t q_stride[3] = {0, 0, 0}, k_stride[3] = {0, 0, 0}, v_stride[3] = {0, 0, 0}, o_stride[3] = {0, 0, 0};
   int B = 0, H = 0, Tq = 0, Tk = 0, D = 0;  // varlen: Tq = Tk = max_seqlen
   bool causal = false;
+  // Local window: query i attends keys i - win_left .. i + win_right; -1 = unbounded. The binding
+  // stores a reach >= T as -1, so first + kBr + win_right cannot overflow.
+  int win_left = -1, win_right = -1;
   float scale_log2e = 0.f;  // softmax scale * log2(e): the kernel uses exp2
 };
 

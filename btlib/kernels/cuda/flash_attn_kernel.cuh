@@ -8,8 +8,11 @@
 //   Cost: 4 T^2 D flops on FMA units (no tensor cores: the Triton kernel uses them on sm_80+).
 //   A thread holds q and the output row in registers (2 kD floats): at kD = 128 they spill to
 //   local memory, which the L1 cache absorbs. A teaching kernel, not a tuned one.
-// Masks: key padding (keys j >= L), causal (j <= i), padded query rows (i >= L) written as 0;
-// a row with no allowed key outputs 0.
+// Masks: key padding (keys j >= L), causal (j <= i), a local window (i - win_left <= j <= i +
+// win_right), padded query rows (i >= L) written as 0; a row with no allowed key outputs 0. The
+// tile loop runs only over the keys some row of the block may attend: with a window about
+// kBr + win_left + win_right keys (rounded out to kBc tiles) instead of L, so 4 L D (kBr + left +
+// right) flops per (b, h) instead of 4 L^2 D.
 //
 // Torch-free and launch-free: flash_attn.cu includes it and launches it; emulate.cpp includes it
 // and runs it on CPU threads for the tests. Needs Params (flash_attn.h), <cmath> and the
@@ -67,7 +70,9 @@ __global__ void __launch_bounds__(kBr) flash_fwd_kernel(const Params p) {
 
   int kv_end = first < Lq ? Lk : 0;  // a tile of only padded rows reads no keys
   if (p.causal) kv_end = min(kv_end, first + kBr);  // keys past the tile's last query are masked
-  for (int j0 = 0; j0 < kv_end; j0 += kBc) {
+  if (p.win_right >= 0) kv_end = min(kv_end, first + kBr + p.win_right);  // ... or past its last query's window
+  const int kv_begin = p.win_left >= 0 ? max(0, first - p.win_left) : 0;  // keys before its first query's window
+  for (int j0 = kv_begin / kBc * kBc; j0 < kv_end; j0 += kBc) {
     // Load K and V tiles: consecutive threads read consecutive d (coalesced); zeros past Lk and D.
     for (int idx = tid; idx < kBc * kD; idx += kBr) {
       const int jj = idx / kD, d = idx % kD, j = j0 + jj;
@@ -83,7 +88,8 @@ __global__ void __launch_bounds__(kBr) flash_fwd_kernel(const Params p) {
         const int j = j0 + jj;
         float dot = 0.f;
         for (int d = 0; d < kD; ++d) dot += qr[d] * Ks[jj][d];
-        s[jj] = (j < Lk && (!p.causal || j <= i)) ? dot : -INFINITY;
+        const bool in_window = (p.win_left < 0 || j >= i - p.win_left) && (p.win_right < 0 || j <= i + p.win_right);
+        s[jj] = (j < Lk && (!p.causal || j <= i) && in_window) ? dot : -INFINITY;
         m_tile = fmaxf(m_tile, s[jj]);
       }
       const float m_new = fmaxf(m, m_tile);

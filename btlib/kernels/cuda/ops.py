@@ -1,7 +1,7 @@
 """Typed wrappers of btlib's CUDA C++ kernel (flash_attn.cu + binding.cpp), and its registry entries.
 
-    cuda_attention(q, k, v, *, lengths=None, causal=False, scale=None)                   (B, H, T, D)
-    cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None)  (total, H, D)
+    cuda_attention(q, k, v, *, lengths=None, causal=False, scale=None, window=None)                   (B, H, T, D)
+    cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None)  (total, H, D)
 
 Both take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; sums in fp32; output
 in the input dtype. The extension builds on the first call (build.py); ``cuda_available()`` only
@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from ...checks import check_window
 from ..gpu_limits import DTYPES, MAX_HEAD_DIM
 from ..registry import CpuRun, Kernel, register
 from . import build, emulate
@@ -35,23 +36,31 @@ def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
+def _window(window) -> tuple[int, int]:
+    w = check_window(window)
+    return (-1, -1) if w is None else w  # -1: no limit on that side
+
+
 def cuda_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                   scale: float | None = None) -> Tensor:
-    """CUDA C++ kernel on a padded batch (builds on first call). q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int."""
+                   scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+    """CUDA C++ kernel on a padded batch (builds on first call). q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int.
+
+    window=(left, right): local attention; key tiles outside a query tile's band are not visited.
+    """
     build.load()
-    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale))
+    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale), *_window(window))
 
 
 def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                          scale: float | None = None) -> Tensor:
+                          scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
     """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
     build.load()
-    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale))
+    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *_window(window))
 
 
 # Without a GPU the check still runs the kernel's own source, on CPU threads (emulate.py).
 _cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-20,
-             available=cuda_available)
+             available=cuda_available, window=True)
 
 register(Kernel("cuda_flash", "padded", cuda_attention,
                 description="CUDA C++ FlashAttention forward: one thread per query row, K/V tiles in shared memory (FMA, no tensor cores)",

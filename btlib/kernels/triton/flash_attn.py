@@ -1,4 +1,4 @@
-"""FlashAttention forward in Triton: padded batches (key padding, causal) and packed varlen tokens.
+"""FlashAttention forward in Triton: padded batches (key padding, causal, local window) and packed varlen tokens.
 
 One kernel, two layouts (the ``VARLEN`` constexpr picks one at compile time):
 
@@ -11,7 +11,9 @@ K and V through in Bc-row tiles, and keeps the running max m, the running sum l 
 output accumulator in registers, so the T x S score matrix never reaches HBM (FlashAttention,
 Dao et al. 2022, Algorithm 1; the layout follows the Triton fused-attention tutorial).
 HBM traffic: Q, O once, K and V once per query block: (2 + 2 * T / Br) * T * D elements
-per (b, h) instead of the naive kernel's extra 2-3 T * S score reads and writes.
+per (b, h) instead of the naive kernel's extra 2-3 T * S score reads and writes. With a local
+window (left, right) a program loops only over the key tiles its rows' band reaches
+[start_m - left, start_m + Br + right): about (Br + left + right) keys instead of T.
 
 Precision: tl.dot accumulates in fp32 for every input dtype; P is rounded to the input dtype
 before P V (as FlashAttention does) for fp16/bf16. fp32 inputs use ``input_precision="ieee"``
@@ -47,6 +49,7 @@ except ModuleNotFoundError:  # no triton wheel for this platform: the module imp
 __all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpreted", "MAX_HEAD_DIM", "DTYPES", "attn_fwd",
            "TRITON_MISSING"]
 
+from ...checks import check_window  # noqa: E402
 from ..gpu_limits import DTYPES, LOG2E, MAX_HEAD_DIM  # noqa: E402  (after the triton import and its stand-ins)
 
 
@@ -55,9 +58,9 @@ def attn_fwd(
     Q, K, V, O, Lengths, CuSeqlens,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    H, Tq, Tk, D, qk_scale,
+    H, Tq, Tk, D, qk_scale, win_left, win_right,
     Br: tl.constexpr, Bc: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -95,11 +98,15 @@ def attn_fwd(
         l_i = tl.zeros([Br], dtype=tl.float32)  # running row sum of exp2(S - m)
         acc = tl.zeros([Br, BLOCK_D], dtype=tl.float32)  # running P V, rescaled as m grows
 
+        lo = 0
         hi = Lk
         if CAUSAL:
             hi = tl.minimum(hi, start_m + Br)  # key tiles past the block's last query are all masked
+        if WINDOW:  # win_left, win_right >= 0 here: keys outside every row's band are skipped
+            hi = tl.minimum(hi, start_m + Br + win_right)
+            lo = tl.maximum(start_m - win_left, 0) // Bc * Bc  # from the tile holding the first row's first key
         hi = tl.where(start_m < Lq, hi, 0)  # padded query rows: no keys to read, output 0
-        for start_n in range(0, hi, Bc):
+        for start_n in range(lo, hi, Bc):
             cols = start_n + offs_n
             kv_ok = (cols < Lk)[:, None] & d_ok[None, :]
             k = tl.load(k_base + (row0 + cols)[:, None] * stride_kt + offs_d[None, :], mask=kv_ok, other=0.0)
@@ -112,6 +119,8 @@ def attn_fwd(
             allowed = (cols < Lk)[None, :]
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= offs_m[:, None])
+            if WINDOW:
+                allowed = allowed & (cols[None, :] >= offs_m[:, None] - win_left) & (cols[None, :] <= offs_m[:, None] + win_right)
             s = tl.where(allowed, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # A row with no allowed key so far keeps m = -inf; subtracting 0 instead of -inf
@@ -174,7 +183,7 @@ def interpreted() -> bool:
     return TRITON_MISSING is None and not isinstance(attn_fwd, triton.runtime.JITFunction)
 
 
-def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks):
+def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks, window=None):
     if TRITON_MISSING:
         raise RuntimeError(TRITON_MISSING)
     D = q.shape[-1]
@@ -200,11 +209,13 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
     # and its fp32 -> bf16 cast truncates instead of rounding to nearest even as a GPU does. So
     # there the dots run in fp32 and the kernel writes fp32, which torch rounds (RNE) below.
     bf16_fix = interpret and q.dtype == torch.bfloat16
+    # A reach past every key is no limit; clamping keeps start_m + Br + win_right in int32.
+    win = (0, 0) if window is None else tuple(min(int(w), max(Tq, Tk)) for w in window)
     out = torch.empty(o.shape, dtype=torch.float32, device=o.device) if bf16_fix else o  # same (contiguous) strides
     attn_fwd[grid](
         q, k, v, out, lengths if lengths is not None else dummy, cu_seqlens if cu_seqlens is not None else dummy,
-        *strides, H, Tq, Tk, D, scale * LOG2E,
-        VARLEN=cu_seqlens is not None, HAS_LENGTHS=lengths is not None, CAUSAL=bool(causal),
+        *strides, H, Tq, Tk, D, scale * LOG2E, *win,
+        VARLEN=cu_seqlens is not None, HAS_LENGTHS=lengths is not None, CAUSAL=bool(causal), WINDOW=window is not None,
         DOT_FP32=bf16_fix,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **cfg,
@@ -215,13 +226,14 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                    scale: float | None = None, blocks: dict | None = None) -> Tensor:
+                    scale: float | None = None, window: tuple[int, int] | None = None, blocks: dict | None = None) -> Tensor:
     """Fused attention on a padded batch. CUDA tensors run compiled; CPU tensors run interpreted.
 
     Args:
         q: (B, H, T, D); k, v: (B, H, S, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
         lengths: (B,) int, real tokens per sequence (keys j >= L ignored, rows t >= L output 0).
         causal: query i attends keys j <= i.  scale: defaults to 1 / sqrt(D).
+        window: (left, right) ints >= 0: query i attends keys i - left .. i + right only; None: all.
         blocks: overrides of :func:`block_config` (e.g. ``{"Br": 16, "Bc": 16}``).
 
     Returns:
@@ -232,17 +244,19 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None =
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, T, D) contiguous
     L = None if lengths is None else lengths.to(device=q.device, dtype=torch.int32)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    return _launch(q, k, v, o, L, None, strides, B, H, Tq, Tk, Tq, causal, scale, blocks)
+    return _launch(q, k, v, o, L, None, strides, B, H, Tq, Tk, Tq, causal, scale, blocks, check_window(window))
 
 
 def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                           scale: float | None = None, blocks: dict | None = None) -> Tensor:
+                           scale: float | None = None, window: tuple[int, int] | None = None,
+                           blocks: dict | None = None) -> Tensor:
     """Fused attention on packed tokens: sequence b is rows cu_seqlens[b]:cu_seqlens[b+1]; no work on padding.
 
     Args:
         q, k, v: (total, H, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
         cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
         max_seqlen: the longest sequence (sets the grid: B * H * ceil(max_seqlen / Br) programs).
+        causal, scale, window, blocks: as in :func:`flash_attention` (window positions within each sequence).
 
     Returns:
         (total, H, D) in q's dtype.
@@ -252,5 +266,6 @@ def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (total, H, D) contiguous
     # Batch stride 0: sequence b's rows are found through cu_seqlens[b], not b * stride.
     strides = (0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0), 0, o.stride(1), o.stride(0))
-    return _launch(q, k, v, o, None, cu_seqlens, strides, B, H, max_seqlen, max_seqlen, max_seqlen, causal, scale, blocks)
+    return _launch(q, k, v, o, None, cu_seqlens, strides, B, H, max_seqlen, max_seqlen, max_seqlen, causal, scale, blocks,
+                   check_window(window))
 
