@@ -7,7 +7,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
     btlib.varlen_attention(q, k, v, cu_seqlens, max_seqlen)   packed tokens, no padding work
     btlib.pack / unpack / lengths_to_cu_seqlens ...      the packed-token format
     btlib.PackedEncoder.from_module(encoder)             an nn.TransformerEncoder on packed tokens
-    btlib.load_pretrained(folder).encode(texts)          BERT-family checkpoints, padding-free
+    btlib.load_pretrained(folder).encode(texts)          BERT-family and ModernBERT checkpoints, padding-free
     btlib.explain_fastpath(module, src, mask)            why PyTorch's fastpath does (not) run
     python -m btlib.bench list | run NAME                benchmarks
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
+from .checkpoint import CheckpointError, check_against_spec, read_spec, read_state_dict, verify_sha256
 from .model import PATHS, Pooling, PretrainedEncoder
 from .modernbert_model import ModernBertEncoder
 

@@ -111,7 +111,8 @@ def read_spec(folder: Path) -> CheckpointSpec:
         raise CheckpointError(f"{cfg_path} holds a JSON {type(c).__name__}, not an object of config fields")
     kind = c.get("model_type")
     if kind not in ("bert", "roberta", "xlm-roberta", "distilbert"):
-        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta, distilbert and modernbert encoders")
+        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta, distilbert "
+                              "and modernbert encoders")
 
     def need(key: str) -> int:
         if key not in c:

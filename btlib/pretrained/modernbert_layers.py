@@ -58,11 +58,15 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor,
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (total, H, Dh) any float dtype; cos, sin (total, Dh) float32 -> (total, H, Dh) in x's dtype."""
+    """x (total, ..., Dh) any float dtype; cos, sin (total, Dh) float32 -> x's shape and dtype, rotated.
+
+    x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1), as transformers computes it (in fp32).
+    """
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
-    return (xf * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)  # broadcast over the head axes
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (xf * cos.view(shape) + rotated * sin.view(shape)).to(x.dtype)
 
 
 def _norm(spec: ModernBertSpec) -> nn.LayerNorm:
@@ -114,8 +118,9 @@ class ModernBertLayer(nn.Module):
         """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
         total, d = x.shape
         qkv = self.attn.Wqkv(self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
-        q, k, v = qkv.unbind(1)  # (total, H, Dh) each; v stays a strided view (kernels take head_dim-contiguous strides)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # q and k rotate in one pass; v stays a strided view (the kernels take any head_dim-contiguous strides)
+        q, k = apply_rope(qkv[:, :2], *rope).unbind(1)  # (total, H, Dh) each
+        v = qkv[:, 2]
         o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
         x = x + self.attn.Wo(o.reshape(total, d))
         u, g = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each

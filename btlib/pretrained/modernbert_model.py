@@ -17,7 +17,11 @@ model, not an embedding model) gets sentence-transformers' default, mean without
 The sentence-transformers folders of ModernBERT embedding models name their own: e.g.
 nomic-ai/modernbert-embed-base mean-pools and normalises (and expects "search_query: " /
 "search_document: " prefixes in the texts), Alibaba-NLP/gte-modernbert-base takes the CLS token.
-Replace ``model.pooling`` with a :class:`Pooling` to choose another.
+Replace ``model.pooling`` with a :class:`Pooling` to choose another. (config.json's ``classifier_pooling``
+belongs to transformers' classification head, not to sentence embeddings, and is not read.)
+
+Without a folder: ``ModernBertEncoder.from_config({"hidden_size": 768, ...})`` builds a random model of
+any shape; a transformers ModernBertModel's ``state_dict()`` loads into it as it is (same names).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from torch import Tensor, nn
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
 from .model import Pooling
-from .modernbert_config import ModernBertSpec
+from .modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, rope_tables
 
 __all__ = ["ModernBertEncoder", "MODERNBERT_PATHS"]
@@ -62,8 +66,20 @@ class ModernBertEncoder(nn.Module):
         self.embeddings = ModernBertEmbeddings(spec)
         self.layers = nn.ModuleList(ModernBertLayer(spec, i) for i in range(spec.num_layers))
         self.final_norm = nn.LayerNorm(spec.d_model, eps=spec.norm_eps, bias=spec.norm_bias)
-        self._copies: dict[torch.dtype, _Stack] = {}
+        self._copies: dict[torch.dtype, _Stack] = {}  # bf16 copies, made on first use: clear after changing weights
         self.eval()
+
+    @classmethod
+    def from_config(cls, config: dict, tokenizer=None, *, max_length: int | None = None,
+                    pooling: Pooling = Pooling("mean", False)) -> "ModernBertEncoder":
+        """A randomly initialised model from config.json's fields (a dict), e.g. to benchmark a shape without weights.
+
+        Fields are checked as for a folder (CheckpointError naming what btlib cannot reproduce).
+        transformers' ModernBertModel(config).state_dict() loads into it directly: the names are the same.
+        tokenizer (a tokenizers.Tokenizer) is needed only by tokenize / encode.
+        """
+        spec = spec_from_config({"model_type": "modernbert", **config}, "config")
+        return cls(spec, tokenizer, max_length or spec.max_positions, pooling)
 
     # -- tokens ------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
