@@ -46,27 +46,32 @@ def activation(name: str):
 
 
 def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin (total, Dh) float32 for positions (total,) int64, transformers' default RoPE with base theta.
+    """cos, sin (total, Dh / 2) float32 for positions (total,) int64, transformers' default RoPE with base theta.
 
     inv_freq and the angles are computed exactly as ModernBertRotaryEmbedding does (fp32), so fp32
-    results agree to the last bits.
+    results agree to the last bits. transformers repeats the table to (total, Dh); both halves of a
+    head use the same angles, so half the table is all the rotation needs.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # (Dh/2,)
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # (total, Dh/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (total, Dh)
-    return emb.cos(), emb.sin()
+    return freqs.cos(), freqs.sin()
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (total, ..., Dh) any float dtype; cos, sin (total, Dh) float32 -> x's shape and dtype, rotated.
+    """x (total, ..., Dh) any float dtype; cos, sin (total, Dh / 2) float32 -> x's shape and dtype, rotated.
 
-    x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1), as transformers computes it (in fp32).
+    transformers computes x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), i.e.
+    (x1 c - x2 s, x2 c + x1 s) on the two halves: a multiply and a fused multiply-add per half, then
+    one concatenation, instead of building rotate_half(x) and a full-width cos and sin. RoPE is pure
+    memory traffic, so each pass over q and k saved counts as much as the arithmetic.
     """
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)  # broadcast over the head axes
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (xf * cos.view(shape) + rotated * sin.view(shape)).to(x.dtype)
+    c, s = cos.view(shape), sin.view(shape)
+    o1 = torch.addcmul(x1 * c, x2, s, value=-1.0)  # x1 c - x2 s
+    o2 = torch.addcmul(x2 * c, x1, s)  # x2 c + x1 s
+    return torch.cat((o1, o2), dim=-1).to(x.dtype)
 
 
 def _norm(spec: ModernBertSpec) -> nn.LayerNorm:
@@ -122,6 +127,14 @@ class ModernBertLayer(nn.Module):
         q, k = apply_rope(qkv[:, :2], *rope).unbind(1)  # (total, H, Dh) each
         v = qkv[:, 2]
         o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
-        x = x + self.attn.Wo(o.reshape(total, d))
+        x = _residual(x, o.reshape(total, d), self.attn.Wo)
         u, g = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
-        return x + self.mlp.Wo(self.act(u) * g)
+        return _residual(x, self.act(u) * g, self.mlp.Wo)
+
+
+def _residual(x: Tensor, h: Tensor, linear: nn.Linear) -> Tensor:
+    """x + linear(h) with the residual added inside the GEMM (addmm's beta = 1: C = x + h W^T), so the
+    (total, d) sum is not a separate read-read-write pass. Autograd differentiates addmm as it does
+    linear + add; a bias is added after (no bias in the published ModernBERT checkpoints)."""
+    out = torch.addmm(x, h, linear.weight.t())
+    return out if linear.bias is None else out + linear.bias
