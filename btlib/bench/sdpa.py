@@ -270,6 +270,7 @@ declare(Benchmark(
     providers=lambda: [Provider("eager", lambda x: _gpt_step(x["eager"], x)),
                        Provider("compiled", _compiled_step, label="torch.compile, inductor")],
     make_inputs=_gpt_compile_inputs, reference=lambda x: _gpt_step(x["eager"], x),
+    # 1e-4, not 1e-5: Inductor's fused kernels sum in another order, and the error is taken over every gradient
     error=_err, tol=1e-4, params={"B": 16, "d_model": 128, "n_head": 4, "device": "cpu"},
     quick={"B": 4, "x_vals": (64,)}, baseline="eager",
 ))
