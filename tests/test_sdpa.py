@@ -149,7 +149,8 @@ def test_gpt_sdpa_and_naive_match():
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
 
 
-@pytest.mark.parametrize("name", ["sdpa_backends", "sdpa_causal", "mha_need_weights", "mha_masks", "gpt_train"])
+@pytest.mark.parametrize("name", ["sdpa_backends", "sdpa_causal", "mha_need_weights", "mha_masks", "gpt_train",
+                                  pytest.param("gpt_compile", marks=pytest.mark.slow)])
 def test_sdpa_benchmarks_check_out(name):
     from btlib.bench import load_all
 
@@ -157,3 +158,16 @@ def test_sdpa_benchmarks_check_out(name):
     rows = run(bench, quick=True, warmup=0, min_runs=1, max_runs=1)
     assert rows and not [r for r in rows if r["status"] == "wrong"]
     assert any(r["status"] == "ok" for r in rows)
+
+
+def test_constraint_table_messages_are_in_this_torch():
+    """Every row said to be checked by the installed torch names a message that torch really carries."""
+    from btlib.sdpa.constraints import CONSTRAINTS, constraint_table, evidence
+
+    installed = [r for r in CONSTRAINTS if r.how == "installed"]
+    assert installed and all(r.found_in for r in installed)
+    found = {r.topic: evidence(r) for r in installed}
+    if None in found.values():
+        pytest.skip(f"this torch ships no copy of a checked file: {found}")
+    assert all(found.values()), found
+    assert constraint_table().count("\n") == len(CONSTRAINTS) + 1

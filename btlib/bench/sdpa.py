@@ -11,6 +11,8 @@
   checked on the loss and every gradient.
 - ``encoder_compile``: torch.compile of an eval encoder against eager. Compilation happens in
   make_inputs (untimed); its wall time is kept in :data:`COMPILE_SECONDS`.
+- ``gpt_compile``: torch.compile of the GPT training step (forward + backward, nanoGPT's
+  ``model = torch.compile(model)``) against eager, the same way: compile time apart, in COMPILE_SECONDS.
 
 :func:`btlib.bench.peak_memory` measures the peak tensor memory of one call on CPU or CUDA.
 Every input is built on ``params["device"]`` ("cpu" by default; pass "cuda" on a GPU).
@@ -228,4 +230,47 @@ declare(Benchmark(
     error=lambda out, ref, x: relative_error(pack(out, x["lengths"]).tokens, pack(ref, x["lengths"]).tokens),
     tol=1e-4, params={"config": "bert_small", "B": 8, "device": "cpu"}, quick={"config": "tiny", "B": 4, "x_vals": (32,)},
     baseline="eager",
+))
+
+
+@functools.lru_cache(maxsize=4)
+def _gpt_compiled(d_model: int, n_head: int, T: int, device: str) -> tuple[nn.Module, Any]:
+    model = build_gpt(GPTConfig(d_model=d_model, n_head=n_head, block_size=T), "sdpa").to(device)
+    return model, torch.compile(model, dynamic=False)  # one static graph per T, as a training run with fixed blocks has
+
+
+def _gpt_compile_inputs(p: dict) -> dict:
+    dev, T = p.get("device", "cpu"), p["T"]
+    eager, compiled = _gpt_compiled(p["d_model"], p["n_head"], T, dev)
+    idx, targets = gpt_batch(eager.cfg, p["B"], device=dev)
+    x = {"eager": eager, "compiled": None, "idx": idx, "targets": targets}
+    key = ("gpt_train_step", p["B"], T, dev)
+    if key not in COMPILE_SECONDS:
+        t0 = time.perf_counter()
+        try:  # the first call traces forward and backward and compiles both (Inductor: C++/OpenMP on CPU, Triton on GPU)
+            train_step(compiled, idx, targets)
+            COMPILE_SECONDS[key] = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - inductor failing here is a result to report
+            COMPILE_SECONDS[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not isinstance(COMPILE_SECONDS[key], str):
+        x["compiled"] = compiled
+    return x
+
+
+def _compiled_step(x: dict) -> torch.Tensor:
+    if x["compiled"] is None:
+        raise RuntimeError(f"torch.compile failed: {COMPILE_SECONDS.get(next(reversed(COMPILE_SECONDS)))}")
+    return _gpt_step(x["compiled"], x)
+
+
+declare(Benchmark(
+    name="gpt_compile",
+    description="training step (forward + backward) of the nanoGPT-style block: torch.compile vs eager, fp32",
+    x_name="T", x_vals=(64, 256),
+    providers=lambda: [Provider("eager", lambda x: _gpt_step(x["eager"], x)),
+                       Provider("compiled", _compiled_step, label="torch.compile, inductor")],
+    make_inputs=_gpt_compile_inputs, reference=lambda x: _gpt_step(x["eager"], x),
+    # 1e-4, not 1e-5: Inductor's fused kernels sum in another order, and the error is taken over every gradient
+    error=_err, tol=1e-4, params={"B": 16, "d_model": 128, "n_head": 4, "device": "cpu"},
+    quick={"B": 4, "x_vals": (64,)}, baseline="eager",
 ))

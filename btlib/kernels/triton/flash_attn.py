@@ -152,16 +152,19 @@ SHARED_LIMIT = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90:
 def block_config(head_dim: int, dtype: torch.dtype, capability: int) -> dict:
     """Tile sizes and launch settings for one head_dim, dtype and GPU (capability 75 = T4, 80 = A100, 90 = H100).
 
-    The K and V tiles (Bc x BLOCK_D, num_stages copies each) and Q (Br x BLOCK_D) live
-    in shared memory. A T4 has 64 KiB per block and no asynchronous copies (num_stages=1 there);
-    tests/test_gpu_kernels.py compiles them for sm_75, sm_80 and sm_90 and checks they fit (SHARED_LIMIT).
+    What lands in shared memory is the compiler's decision, so it is measured, not assumed:
+    compiled by Triton 3.9 for sm_80 (fp16, D=64), this kernel reports (Br + Bc) x BLOCK_D elements,
+    the Q tile and one K/V tile, for num_stages 1, 2 and 3 alike; for sm_75 (no mma) it reports more,
+    as the dots' operands are staged for FMA. A T4 has 64 KiB per block and no asynchronous copies
+    (num_stages=1 there); tests/test_gpu_kernels.py compiles every choice for sm_75, sm_80 and
+    sm_90 and checks it fits (SHARED_LIMIT); ``targets.compile_for`` reports the bytes.
     """
     BLOCK_D = max(16, triton.next_power_of_2(head_dim))
     if dtype == torch.float32:  # 4-byte elements, and ieee fp32 dots run on FMA units: small tiles
         Br, Bc, stages = 64, 32, (1 if capability < 80 else 2)
     elif capability < 80:  # T4: 64 KiB of shared memory, no cp.async (one stage), no tensor cores in Triton 3.9
         Br, Bc, stages = 64, (64 if BLOCK_D <= 64 else 32), 1
-    else:  # A100 (163 KiB), H100 (227 KiB): double-buffered K/V tiles
+    else:  # A100 (163 KiB), H100 (227 KiB): taller query tiles; num_stages=2 lets Triton pipeline the K/V loop
         Br, Bc, stages = 128, (64 if BLOCK_D <= 64 or capability >= 90 else 32), 2
     return dict(Br=Br, Bc=Bc, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D <= 64 else 8, num_stages=stages)
 

@@ -1,6 +1,6 @@
-"""Compile the Triton kernel for a GPU that is not here: ``python -m btlib.kernels.triton.targets [75 80 90]``.
+"""Compile the Triton kernel for a GPU that is not here: ``python -m btlib.kernels.triton.targets [--json] [75 80 90]``.
 
-    compile_for(capability, dtype, head_dim, *, varlen, causal) -> Compiled
+    compile_for(capability, dtype, head_dim, *, varlen, causal, blocks) -> Compiled
 
 ``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", cc, 32))`` runs
 Triton's whole pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas Triton ships), no
@@ -11,9 +11,10 @@ Needs a process where TRITON_INTERPRET is unset (the interpreter replaces the co
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -51,8 +52,9 @@ class Compiled:
 
 
 def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: int = 64, *, varlen: bool = False,
-                causal: bool = False, window: bool = False) -> Compiled:
-    """Compile attn_fwd for sm_<capability> with :func:`block_config`'s tiles; no GPU needed.
+                causal: bool = False, window: bool = False, blocks: dict | None = None) -> Compiled:
+    """Compile attn_fwd for sm_<capability> with :func:`block_config`'s tiles, or ``blocks``' overrides
+    (e.g. ``{"Br": 64, "Bc": 128}``: powers of 2, as tl.arange needs); no GPU needed.
 
     window: compile the local-window variant (its reaches stay runtime int32 arguments).
     """
@@ -65,7 +67,7 @@ def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: i
     if not isinstance(attn_fwd, triton.runtime.JITFunction):
         raise RuntimeError("TRITON_INTERPRET=1 is set in this process: the interpreter replaced the compiler. "
                            "Compile in a process without it (python -m btlib.kernels.triton.targets).")
-    cfg = block_config(head_dim, dtype, capability)
+    cfg = {**block_config(head_dim, dtype, capability), **(blocks or {})}
     constexprs = dict(Br=cfg["Br"], Bc=cfg["Bc"], BLOCK_D=cfg["BLOCK_D"], VARLEN=varlen,
                       HAS_LENGTHS=not varlen, CAUSAL=causal, WINDOW=window, DOT_FP32=False,
                       PRECISION="ieee" if dtype == torch.float32 else "tf32")
@@ -82,10 +84,14 @@ def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: i
 
 
 def main(argv: list[str]) -> int:
-    for cc in [int(a) for a in argv] or list(ARCHS):
+    """Compile the padded causal fp16 and the varlen bf16 kernel (D=64) per architecture; --json: one JSON object a line."""
+    as_json = "--json" in argv
+    for cc in [int(a) for a in argv if a != "--json"] or list(ARCHS):
         for dtype, varlen in ((torch.float16, False), (torch.bfloat16, True)):
             c = compile_for(cc, dtype, 64, varlen=varlen, causal=not varlen)
-            print(f"{c}  {'fits' if c.fits else 'DOES NOT FIT'} {ARCHS.get(cc, '')}", flush=True)
+            line = json.dumps({**asdict(c), "fits": c.fits, "gpu": ARCHS.get(cc, "")}) if as_json else \
+                f"{c}  {'fits' if c.fits else 'DOES NOT FIT'} {ARCHS.get(cc, '')}"
+            print(line, flush=True)
     return 0
 
 
