@@ -181,3 +181,33 @@ def test_nan_and_inf_propagate_like_the_reference(isa, layout, dtype, causal):
     if layout == "padded":
         padded_rows = (torch.arange(q.shape[2])[None, :] >= L[:, None])[:, None, :, None].expand_as(out)
         assert (out[padded_rows] == 0).all()  # padded rows are exact 0, whatever the padding held
+
+
+# --- An edited copy of the sources, built beside the registered build (notebook 04's tile exercise) ---
+
+def test_a_copy_with_another_key_tile_builds_beside_and_matches(tmp_path):
+    import shutil
+
+    copy = tmp_path / "cpu"
+    shutil.copytree(build.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    core = copy / "core.h"
+    line = "constexpr int64_t Bc = 64;"
+    assert line in core.read_text()
+    core.write_text(core.read_text().replace(line, "constexpr int64_t Bc = 128;"))  # a multiple of kNV * W in every build
+    ops = build.load_copy(copy, "test_bc128")
+    assert " Bc=128 " in ops.build_info() and " Bc=64 " in build.ops().build_info()
+    for name in ("cpu_flash_v3", "cpu_flash_varlen"):
+        kernel = registry.get(name)
+        fn = (lambda q, k, v, *, lengths, causal, scale: ops.attention_v3(q, k, v, lengths, causal, q.shape[-1] ** -0.5)) \
+            if kernel.layout == "padded" else \
+            (lambda q, k, v, cu, max_seqlen, *, causal, scale: ops.varlen_v3(q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5))
+        for dtype in (torch.float32, torch.bfloat16):
+            r = check(kernel, "cpu", dtype, fn=fn)
+            assert r.ok, f"{name} {dtype}: {r}"
+    assert build.available() is None  # the registered kernels stay as they were
+
+
+@pytest.mark.parametrize("tag, folder, err", [("bc-128", None, ValueError), ("bc128", "empty", FileNotFoundError)])
+def test_load_copy_rejects_bad_tags_and_folders(tmp_path, tag, folder, err):
+    with pytest.raises(err, match="tag must be|has no attention.cpp"):
+        build.load_copy(tmp_path if folder else build.HERE, tag)
