@@ -217,3 +217,36 @@ def test_window_wider_than_the_sequence_is_global_attention():
         assert torch.equal(btlib.attention(q, k, v, lengths=L, window=window, backend="cpu_flash_v3"), glob)
     assert registry.select("padded", q, False, window=(64, 64)).name == "cpu_flash_v3"
     assert registry.select("varlen", q[0], True, window=(64, 64)).name == "cpu_flash_varlen"
+
+
+# --- An edited copy of the sources, built beside the registered build (notebook 04's tile exercise) ---
+
+def test_a_copy_with_another_key_tile_builds_beside_and_matches(tmp_path):
+    import shutil
+
+    copy = tmp_path / "cpu"
+    shutil.copytree(build.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    core = copy / "core.h"
+    line = "constexpr int64_t Bc = 64;"
+    assert line in core.read_text()
+    core.write_text(core.read_text().replace(line, "constexpr int64_t Bc = 128;"))  # a multiple of kNV * W in every build
+    ops = build.load_copy(copy, "test_bc128")
+    assert " Bc=128 " in ops.build_info() and " Bc=64 " in build.ops().build_info()
+    for name in ("cpu_flash_v3", "cpu_flash_varlen"):
+        kernel = registry.get(name)
+        # the ops take the window as two reaches, -1 = no limit (what ops.py's wrappers pass for None)
+        fn = (lambda q, k, v, *, lengths, causal, scale, window=None:
+              ops.attention_v3(q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))) \
+            if kernel.layout == "padded" else \
+            (lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None:
+             ops.varlen_v3(q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1))))
+        for dtype in (torch.float32, torch.bfloat16):
+            r = check(kernel, "cpu", dtype, fn=fn)
+            assert r.ok, f"{name} {dtype}: {r}"
+    assert build.available() is None  # the registered kernels stay as they were
+
+
+@pytest.mark.parametrize("tag, folder, err", [("bc-128", None, ValueError), ("bc128", "empty", FileNotFoundError)])
+def test_load_copy_rejects_bad_tags_and_folders(tmp_path, tag, folder, err):
+    with pytest.raises(err, match="tag must be|has no attention.cpp"):
+        build.load_copy(tmp_path if folder else build.HERE, tag)

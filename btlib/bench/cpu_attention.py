@@ -1,16 +1,23 @@
 """Benchmarks of btlib's C++ CPU kernels (notebook 04), beside the shared ones in attention.py.
 
 - ``cpu_attention_versions``: v1, v2, v3 side by side with the naive reference and SDPA, time
-  against T on a small batch (v1 and v2 are plain loops: seconds per call at T = 1024).
+  against T on a small batch (v1 and v2 are plain scalar loops, tens of times slower than v3).
 - ``attention_dense_bf16``: v3 on bfloat16 inputs against SDPA in bfloat16. The check is
   btlib's low-precision rule (Kernel.tolerance): the error against the fp32 reference, divided by twice SDPA's
   own bf16 error, must be <= 1.
-- :func:`matmul_peak`: this machine's fp32 matmul GFLOP/s, the ceiling attention is held against.
+- :func:`matmul_peak`: this machine's matmul GFLOP/s through torch.mm (PyTorch's BLAS: oneMKL in the x86
+  wheels), the yardstick each row's ``of_bound`` is held against.
+- :func:`onednn_matmul`: the same product through oneDNN, in a fresh process, with the instruction set
+  oneDNN chose (or was capped to) named: a BLAS rate is one library's code path, not the CPU's ceiling.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 
 import torch
 
@@ -19,7 +26,7 @@ from ..reference import reference_attention
 from .attention import attn_bytes, attn_flops, dense_qkv
 from .core import Benchmark, Provider, declare, time_fn
 
-__all__ = ["matmul_peak"]
+__all__ = ["matmul_peak", "onednn_matmul"]
 
 
 def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = torch.float32, rounds: int = 3) -> float:
@@ -33,6 +40,38 @@ def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = 
     finally:
         torch.set_num_threads(old)
     return 2.0 * n**3 / (ms * 1e-3) / 1e9
+
+
+_ONEDNN = """
+import json, statistics, sys, torch
+from btlib.bench.core import time_fn
+n, rounds = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(int(sys.argv[3]))
+a, b = torch.randn(n, n).to_mkldnn(), torch.randn(n, n).to_mkldnn()
+run = lambda: torch._C._nn.mkldnn_linear(a, b)  # a @ b^T in oneDNN's blocked layout, no conversion per call
+with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+    run()  # prints oneDNN's info lines, among them "cpu,isa:<the code path it dispatched to>"
+ms = min(statistics.median(time_fn(run, warmup=3, min_runs=10, min_time_s=0.5)) for _ in range(rounds))
+print(json.dumps({"gflops": 2 * n**3 / (ms * 1e-3) / 1e9}))
+"""
+
+
+def onednn_matmul(threads: int = 1, max_isa: str | None = None, n: int = 1024, rounds: int = 3) -> tuple[float, str]:
+    """(GFLOP/s, ISA) of an (n x n) @ (n x n) fp32 matmul through oneDNN (torch's mkldnn ops): best of ``rounds`` medians.
+
+    Runs in a fresh Python process (~3 s), since oneDNN picks its code path once per process from the CPU's
+    features, capped by ONEDNN_MAX_CPU_ISA (``max_isa``, e.g. "AVX2"); the ISA returned is the name
+    oneDNN prints for it (e.g. "Intel AVX-512 with ..."). Raises RuntimeError where PyTorch has no oneDNN.
+    """
+    if not torch.backends.mkldnn.is_available():
+        raise RuntimeError("this PyTorch has no oneDNN (torch.backends.mkldnn.is_available() is False)")
+    env = {**os.environ, **({"ONEDNN_MAX_CPU_ISA": max_isa} if max_isa else {})}
+    r = subprocess.run([sys.executable, "-c", _ONEDNN, str(n), str(rounds), str(threads)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"oneDNN matmul failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+    isa = next((line.split("isa:", 1)[1].strip() for line in r.stdout.splitlines() if ",isa:" in line), "unknown")
+    return json.loads(r.stdout.strip().splitlines()[-1])["gflops"], isa
 
 
 _VERSIONS = ("reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa")
@@ -52,7 +91,7 @@ def _version_providers() -> list[Provider]:
 declare(Benchmark(
     name="cpu_attention_versions",
     description="C++ v1 (materialise), v2 (tiled, two passes), v3 (online softmax, SIMD) vs reference and SDPA, fp32",
-    x_name="T", x_vals=(128, 256, 512),
+    x_name="T", x_vals=(128, 256, 512, 1024),
     providers=_version_providers,
     make_inputs=dense_qkv,
     reference=lambda x: reference_attention(x["q"], x["k"], x["v"]),

@@ -5,6 +5,7 @@
     available() -> None | str   cheap: None if a C++ compiler is on PATH, else why not (never compiles)
     isa() -> str            the build the registered kernels use: $BTLIB_CPU_ISA, else the best this CPU runs
     runnable() -> list      every build this CPU can execute ("portable" first), for the tests
+    load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
 
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
 (core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
@@ -41,7 +42,8 @@ import torch
 from .. import _build
 from .._build import Extension
 
-__all__ = ["load", "ops", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory", "library_path"]
+__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory",
+           "library_path"]
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "attention.cpp"
@@ -133,16 +135,25 @@ def _thread_flags() -> tuple[str, ...]:
     return ("-fopenmp",)
 
 
+def _checked_isa(isa_: str | None) -> str:
+    isa_ = isa_ or isa()
+    if isa_ not in _FLAGS:
+        raise ValueError(f"isa must be one of {', '.join(_FLAGS)}; got {isa_!r}")
+    return isa_
+
+
+def _cflags(isa_: str, namespace: str) -> list[str]:
+    return ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS={namespace}", *_thread_flags(), *_FLAGS[isa_]]
+
+
 def load(isa: str | None = None) -> str:
     """Build (first use) or load one build (default :func:`isa`); registers torch.ops.btlib_cpu_<isa>.*.
 
     Returns the build info line. Raises RuntimeError with the compiler's message if the build fails;
     afterwards :func:`available` reports the failure, so ``backend="auto"`` moves on to PyTorch's kernels.
     """
-    isa_ = isa or globals()["isa"]()
-    if isa_ not in _FLAGS:
-        raise ValueError(f"isa must be one of {', '.join(_FLAGS)}; got {isa_!r}")
-    flags = ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS=btlib_cpu_{isa_}", *_thread_flags(), *_FLAGS[isa_]]
+    isa_ = _checked_isa(isa)
+    flags = _cflags(isa_, f"btlib_cpu_{isa_}")
     announce = lambda: (f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ..."  # noqa: E731
                         if _needs_build(isa_) else None)
     # Only the registered kernels' build switches backend="auto" to PyTorch's kernels when it fails.
@@ -155,6 +166,29 @@ def ops(isa: str | None = None):
     isa_ = isa or globals()["isa"]()
     load(isa_)
     return getattr(torch.ops, f"btlib_cpu_{isa_}")
+
+
+def load_copy(folder: str | Path, tag: str, isa: str | None = None):
+    """Build ``folder``'s attention.cpp and headers (an edited copy of :data:`HERE`) as a library of its own.
+
+    For experiments such as another key tile: copy this folder, change ``Bc`` in the copy's core.h,
+    then ``load_copy(copy, "bc128")``. The copy registers ``torch.ops.btlib_cpu_<isa>_<tag>`` (the ops
+    of :func:`ops`, same signatures) beside the registered build, which it never replaces; a failed
+    copy raises with the compiler's message and leaves ``backend="auto"`` as it was.
+    tag: letters, digits and _ (it names the library and the op namespace); one tag per edit, since
+    a library name loads once per process. Returns that ops namespace.
+    """
+    isa_ = _checked_isa(isa)
+    if not tag.isidentifier() or not tag.isascii():
+        raise ValueError(f"tag must be letters, digits and _ (it names a library and an op namespace); got {tag!r}")
+    folder = Path(folder).resolve()
+    if not (folder / SOURCE.name).is_file():
+        raise FileNotFoundError(f"{folder} has no {SOURCE.name}: copy the whole folder {HERE.name}/ (shutil.copytree(build.HERE, ...))")
+    namespace, name = f"btlib_cpu_{isa_}_{tag}", f"btlib_cpu_attention_{isa_}_{tag}"
+    announce = lambda: f"btlib: compiling the copy in {folder.name}/ ({isa_}, {tag}) - about 30 s ..."  # noqa: E731
+    _ext.load(f"{isa_}_{tag}", name, namespace, announce, remember_failure=False, sources=[str(folder / SOURCE.name)],
+              extra_cflags=_cflags(isa_, namespace), extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
+    return getattr(torch.ops, namespace)
 
 
 def timed_load() -> tuple[str, float]:
