@@ -41,6 +41,7 @@ def test_slower_is_as_far_from_equal_as_faster():
     # 50x slower with 40% noise is slower, not "equal within noise" (|0.02 - 1| < 0.4 + 1 would say so)
     a, b = _row("a", 100, rounds=[100, 140]), _row("b", 2, rounds=[2, 2.01])
     assert compare(a, b).verdict == "slower" and compare(b, a).verdict == "faster"
+    assert str(compare(a, b)) == "50.00x slower (noise ±40%)" and compare(a, b).ratio == pytest.approx(0.02)
     assert compare(_row("a", 100, rounds=[100, 140]), _row("b", 75)).verdict == "equal within noise"
 
 

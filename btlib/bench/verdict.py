@@ -38,7 +38,10 @@ def noise(row: dict) -> float:
 
 @dataclass(frozen=True)
 class Comparison:
-    """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster)."""
+    """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster).
+
+    ``str()`` says the factor as one would: ratio 0.25 prints "4.00x slower (noise ±3%)".
+    """
 
     ratio: float
     noise: float
@@ -54,7 +57,8 @@ class Comparison:
         band = f"noise ±{self.noise:.0%}"
         if self.verdict == "equal within noise":
             return f"equal within noise ({self.ratio:.2f}x, {band})"
-        return f"{self.ratio:.2f}x {self.verdict} ({band})"
+        times = self.ratio if self.ratio >= 1.0 else 1.0 / self.ratio  # "4.00x slower", not "0.25x slower"
+        return f"{times:.2f}x {self.verdict} ({band})"
 
 
 def compare(a: dict, b: dict, *, floor: float = FLOOR) -> Comparison:
