@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .bench import core
+from .bench import core, encoder  # noqa: F401 - importing encoder declares encoder_padding
 from .bench.report import speedups
 from .lengths import batch_lengths, padding_stats
 from .models import EncoderConfig
@@ -41,7 +41,7 @@ class PaddingExplorer:
                   providers: Sequence[str] = ("fastpath_nested", "btlib_packed", "ideal"),
                   progress: Callable[[str], None] | None = None) -> list[dict]:
         """Measure one batch; returns the benchmark rows (dense fastpath first, then ``providers``)."""
-        bench = core.BENCHMARKS["encoder_padding"]  # declared on import of btlib.bench.encoder, above
+        bench = core.BENCHMARKS["encoder_padding"]
         params = {"config": self.config, "B": B, "T": T, "distribution": distribution}
         lengths = batch_lengths({**params, "padding": padding})
         p_real = round(padding_stats(lengths, T).padding_fraction, 3)

@@ -30,6 +30,21 @@ def test_noise_from_rounds_beats_within_run_spread():
     assert noise(_row("a", 110, lo=100)) == pytest.approx(0.10)
 
 
+def test_one_bad_round_sets_neither_time_nor_noise():
+    # run_rounds keeps the best round; a burst of other work in a third round must not hide a 1.5x difference
+    r = _row("a", 100, rounds=[100, 103, 900])
+    assert noise(r) == pytest.approx(0.03)
+    assert compare(r, _row("b", 150, rounds=[150, 151, 152])).verdict == "faster"
+
+
+def test_slower_is_as_far_from_equal_as_faster():
+    # 50x slower with 40% noise is slower, not "equal within noise" (|0.02 - 1| < 0.4 + 1 would say so)
+    a, b = _row("a", 100, rounds=[100, 140]), _row("b", 2, rounds=[2, 2.01])
+    assert compare(a, b).verdict == "slower" and compare(b, a).verdict == "faster"
+    assert str(compare(a, b)) == "50.00x slower (noise ±40%)" and compare(a, b).ratio == pytest.approx(0.02)
+    assert compare(_row("a", 100, rounds=[100, 140]), _row("b", 75)).verdict == "equal within noise"
+
+
 def test_compare_refuses_untimed_rows():
     with pytest.raises(ValueError, match="not timed"):
         compare(_row("a", 1), {"provider": "b", "status": "skipped", "reason": "no GPU"})

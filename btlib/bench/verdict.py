@@ -8,11 +8,14 @@ it from the measured rows instead of typing it, so it stays true wherever they r
     >>> str(compare(a, b))
     '1.60x faster (noise ±2%)'
 
-The noise of a row is the relative spread of its timings: across rounds when it comes from
+The noise of a row is how reproducible its kept time is: when it comes from
 :func:`btlib.bench.run_rounds` (``round_medians_ms``: the same point timed in several rounds,
-interleaved with the other providers), else within its one run (median over min). Two rows differ
-only when their ratio is further from 1 than the larger of their noises (never less than
-``floor``, 2%: below that, clock and cache effects decide).
+interleaved with the other providers), the gap between its best round and the next best (the row
+keeps the best round, so one round that a burst of other work landed on neither sets the time nor
+the noise; with two rounds this is their whole spread), else the spread within its one run (median
+over min). Two rows differ only when the faster is faster by more than the larger of their noises
+(never less than ``floor``, 2%: below that, clock and cache effects decide); "2x slower" and
+"2x faster" are the same distance from equal.
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ FLOOR = 0.02
 
 
 def noise(row: dict) -> float:
-    """Relative spread of one row's time: max/min - 1 over its rounds' medians, else median/min - 1."""
-    rounds = row.get("round_medians_ms") or []
+    """Relative spread of one row's time: next-best / best - 1 over its rounds' medians, else median/min - 1."""
+    rounds = sorted(row.get("round_medians_ms") or [])
     if len(rounds) >= 2:
-        return max(rounds) / min(rounds) - 1.0
+        return rounds[1] / rounds[0] - 1.0
     return row["median_ms"] / row["min_ms"] - 1.0 if row.get("min_ms") else 0.0
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster)."""
+    """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster).
+
+    ``str()`` says the factor as one would: ratio 0.25 prints "4.00x slower (noise ±3%)".
+    """
 
     ratio: float
     noise: float
@@ -43,7 +49,7 @@ class Comparison:
     @property
     def verdict(self) -> str:
         """"faster", "slower" or "equal within noise" (a compared with b)."""
-        if abs(self.ratio - 1.0) <= self.noise:
+        if max(self.ratio, 1.0 / self.ratio) - 1.0 <= self.noise:  # a ratio of 0.5 is as far from 1 as 2
             return "equal within noise"
         return "faster" if self.ratio > 1.0 else "slower"
 
@@ -51,7 +57,8 @@ class Comparison:
         band = f"noise ±{self.noise:.0%}"
         if self.verdict == "equal within noise":
             return f"equal within noise ({self.ratio:.2f}x, {band})"
-        return f"{self.ratio:.2f}x {self.verdict} ({band})"
+        times = self.ratio if self.ratio >= 1.0 else 1.0 / self.ratio  # "4.00x slower", not "0.25x slower"
+        return f"{times:.2f}x {self.verdict} ({band})"
 
 
 def compare(a: dict, b: dict, *, floor: float = FLOOR) -> Comparison:
