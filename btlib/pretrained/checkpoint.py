@@ -97,9 +97,8 @@ def _refusals(c: dict, act_key: str) -> list[str]:
     return refused
 
 
-def read_spec(folder: Path) -> CheckpointSpec:
-    """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
-    unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
+def read_config(folder: Path) -> tuple[dict, Path]:
+    """config.json of ``folder`` as a dict, and its path; CheckpointError when it is missing or not a JSON object."""
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{folder} has no config.json; point at a Hugging Face model folder")
@@ -109,6 +108,13 @@ def read_spec(folder: Path) -> CheckpointSpec:
         raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); restore the file from the model's source") from None
     if not isinstance(c, dict):
         raise CheckpointError(f"{cfg_path} holds a JSON {type(c).__name__}, not an object of config fields")
+    return c, cfg_path
+
+
+def read_spec(folder: Path) -> CheckpointSpec:
+    """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
+    unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
+    c, cfg_path = read_config(folder)
     kind = c.get("model_type")
     if kind not in ("bert", "roberta", "xlm-roberta", "distilbert"):
         raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta, distilbert "

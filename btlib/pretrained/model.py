@@ -164,14 +164,8 @@ class PretrainedEncoder(nn.Module):
             raise ValueError(f"path must be one of {PATHS}; got {path!r}")
         if precision is not None and precision not in (*PRECISIONS, "int8"):
             raise ValueError(f"precision must be None or one of {(*PRECISIONS, 'int8')}; got {precision!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts; wrap a single text in a list")
-        if path == "packed_bf16":
-            if precision not in (None, "bf16"):
-                raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
-            path, precision = "packed", "bf16"
+        precision = check_encode_args(texts, batch_size, path, precision)
+        path = "packed" if path == "packed_bf16" else path
         if not path.startswith("packed") and precision not in (None, "fp32"):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
         encoder = None
@@ -190,3 +184,16 @@ class PretrainedEncoder(nn.Module):
                 out.append(self._encode_packed(ids, dtype, encoder) if path == "packed" else self._encode_padded(ids, path))
         emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
         return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
+
+
+def check_encode_args(texts, batch_size: int, path: str, precision: str | None) -> str | None:
+    """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16')."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+    if isinstance(texts, str):
+        raise TypeError("encode takes a list of texts; wrap a single text in a list")
+    if path == "packed_bf16":
+        if precision not in (None, "bf16"):
+            raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
+        return "bf16"
+    return precision

@@ -47,13 +47,12 @@ the table is the list.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, read_config
 
 __all__ = ["ModernBertSpec", "read_modernbert_spec", "spec_from_config", "check_modernbert_tensors", "ACTIVATIONS"]
 
@@ -187,15 +186,7 @@ def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
 
 def read_modernbert_spec(folder: Path) -> ModernBertSpec:
     """config.json of ``folder`` -> ModernBertSpec (CheckpointError naming the file and field otherwise)."""
-    path = folder / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{folder} has no config.json; point at a Hugging Face model folder")
-    try:
-        c = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); restore the file from the model's source") from None
-    if not isinstance(c, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(c).__name__}, not an object of config fields")
+    c, path = read_config(folder)
     return spec_from_config(c, str(path))
 
 

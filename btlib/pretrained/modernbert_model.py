@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
-from .model import Pooling
+from .model import Pooling, check_encode_args
 from .modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, rope_tables
 
@@ -162,14 +162,7 @@ class ModernBertEncoder(nn.Module):
             raise ValueError("precision='int8' is not available for ModernBERT; use 'fp32', 'bf16' or 'auto'")
         if precision is not None and precision not in PRECISIONS:
             raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts; wrap a single text in a list")
-        if path == "packed_bf16":
-            if precision not in (None, "bf16"):
-                raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
-            precision = "bf16"
+        precision = check_encode_args(texts, batch_size, path, precision)
         dtype = choose_precision(precision).dtype if precision else torch.float32
         if precision == "bf16":
             warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
