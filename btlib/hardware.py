@@ -20,7 +20,10 @@ or Colab reader gets). Where bf16 is not native torch emulates it: its bf16 matm
 Rates (measured once, ~1-2 s): the best GFLOP/s of n x n matmuls at torch's current thread
 count, n up to 1024, each dtype time-boxed so an emulated bf16 stops at small n. They are cached
 in this process and on disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/; else
-nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version and threads.
+nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version and threads. Only a
+measurement whose fp32 run reached the largest size goes to disk: fp32 that stops early means the
+CPU was busy with other work (or is very slow), and a rate measured then would be reused for good.
+``machine(refresh=True)`` measures again.
 """
 
 from __future__ import annotations
@@ -120,7 +123,10 @@ def bf16_native() -> tuple[bool, str]:
     return False, f"no bf16 detection for {platform.system()} {platform.machine()}"
 
 
-def measure_gemm_gflops(dtype: torch.dtype, budget_s: float = 0.6, sizes: tuple[int, ...] = (256, 512, 1024)) -> tuple[float, int]:
+_SIZES = (256, 512, 1024)
+
+
+def measure_gemm_gflops(dtype: torch.dtype, budget_s: float = 0.6, sizes: tuple[int, ...] = _SIZES) -> tuple[float, int]:
     """(best GFLOP/s, largest n timed) of (n, n) @ (n, n) in ``dtype``, within about ``budget_s`` seconds.
 
     Grows n only while the predicted time of the next size (8x per doubling) fits the budget, so an
@@ -204,7 +210,8 @@ def machine(*, refresh: bool = False) -> Hardware:
         fp32, fp32_n = measure_gemm_gflops(torch.float32)
         bf16, bf16_n = measure_gemm_gflops(torch.bfloat16)
         rates = {"fp32_gflops": fp32, "bf16_gflops": bf16, "fp32_n": fp32_n, "bf16_n": bf16_n}
-        _write_cache(path, key, rates)
+        if fp32_n == _SIZES[-1]:  # else kept for this process only (see the module docstring)
+            _write_cache(path, key, rates)
     hw = Hardware(cpu=cpu_name(), arch=platform.machine(), cores=os.cpu_count() or 1, threads=threads,
                   torch=torch.__version__, torch_capability=torch.backends.cpu.get_cpu_capability(), isa=isa(),
                   bf16_native=native, bf16_why=why, **rates)

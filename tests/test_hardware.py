@@ -26,15 +26,26 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_machine_measures_once_and_caches_on_disk(fresh):
+def test_machine_measures_once_and_caches_on_disk(fresh, monkeypatch):
+    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (200.0 if dtype == torch.float32 else 800.0, 1024))
     hw = hardware.machine()
-    assert hw.fp32_gflops > 0 and hw.bf16_gflops > 0 and hw.threads == torch.get_num_threads()
+    assert hw.fp32_gflops == 200.0 and hw.bf16_gflops == 800.0 and hw.threads == torch.get_num_threads()
     assert hw.isa in ("avx512bf16", "avx512", "avx2", "portable")
     assert hardware.machine() is hw  # in-process
     cached = json.loads((fresh / "btlib_hardware.json").read_text())
     assert list(cached.values()) == [{k: getattr(hw, k) for k in ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n")}]
     hardware._memo.clear()
     assert hardware.machine() == hw  # from disk: the same rates, not re-measured
+
+
+def test_a_measurement_cut_short_is_not_cached_on_disk(fresh, monkeypatch):
+    # fp32 stopping at n=256 inside its time box: the CPU was busy; keep the rates for this process only
+    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (1.0, 256))
+    hw = hardware.machine()
+    assert hw.fp32_gflops == 1.0 and hardware.machine() is hw
+    assert not (fresh / "btlib_hardware.json").exists()
+    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (200.0, 1024))
+    assert hardware.machine(refresh=True).fp32_gflops == 200.0 and (fresh / "btlib_hardware.json").exists()
 
 
 def test_measurement_is_time_boxed():
