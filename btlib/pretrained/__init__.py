@@ -59,6 +59,19 @@ def _pooling(folder: Path) -> Pooling:
     return Pooling(mode, normalize)
 
 
+def _tokenizer(folder: Path, limit: int):
+    """tokenizer.json of ``folder``, unpadded and truncated to :func:`_max_length`, and that length."""
+    from tokenizers import Tokenizer
+
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    max_length = _max_length(folder, limit)
+    tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
+    tokenizer.enable_truncation(max_length)
+    return tokenizer, max_length
+
+
 def _model_type(folder: Path) -> object:
     """config.json's model_type, or None where the file is missing or unreadable (read_spec then says what is wrong)."""
     try:
@@ -82,8 +95,6 @@ def load_pretrained(folder: str | Path | None = None, *,
     Everything is verified (hash, config against every tensor's shape, tokenizer present) before
     a module is built: a mismatched folder raises CheckpointError, never a half-loaded model.
     """
-    from tokenizers import Tokenizer
-
     default = folder is None
     folder = default_model_folder() if default else Path(folder)
     if not folder.is_dir():
@@ -97,12 +108,7 @@ def load_pretrained(folder: str | Path | None = None, *,
     spec = read_spec(folder)
     sd = read_state_dict(folder)
     emb_keys, layer_keys = check_against_spec(sd, spec)
-    if not (folder / "tokenizer.json").is_file():
-        raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    max_length = _max_length(folder, spec.max_positions - spec.position_offset)
-    tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
-    tokenizer.enable_truncation(max_length)
+    tokenizer, max_length = _tokenizer(folder, spec.max_positions - spec.position_offset)
 
     model = PretrainedEncoder(spec, tokenizer, max_length, _pooling(folder))
     mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}

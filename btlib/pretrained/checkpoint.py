@@ -111,6 +111,16 @@ def read_config(folder: Path) -> tuple[dict, Path]:
     return c, cfg_path
 
 
+def need_positive_int(c: dict, key: str, where: object, kind: str) -> int:
+    """config field ``key``, which a ``kind`` config must give as a positive integer; CheckpointError naming ``where``."""
+    if key not in c:
+        raise CheckpointError(f"{where} has no {key!r}, which a {kind} config must give; "
+                              "restore the file from the model's source")
+    if not isinstance(c[key], int) or isinstance(c[key], bool) or c[key] < 1:
+        raise CheckpointError(f"{where}: {key} must be a positive integer; got {c[key]!r}")
+    return c[key]
+
+
 def read_spec(folder: Path) -> CheckpointSpec:
     """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
     unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
@@ -121,12 +131,7 @@ def read_spec(folder: Path) -> CheckpointSpec:
                               "and modernbert encoders")
 
     def need(key: str) -> int:
-        if key not in c:
-            raise CheckpointError(f"{cfg_path} has no {key!r}, which a {kind} config must give; "
-                                  "restore the file from the model's source")
-        if not isinstance(c[key], int) or isinstance(c[key], bool) or c[key] < 1:
-            raise CheckpointError(f"{cfg_path}: {key} must be a positive integer; got {c[key]!r}")
-        return c[key]
+        return need_positive_int(c, key, cfg_path, kind)
 
     refused = _refusals(c, "activation" if kind == "distilbert" else "hidden_act")
     if refused:

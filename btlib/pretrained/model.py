@@ -119,7 +119,7 @@ class PretrainedEncoder(nn.Module):
         lengths = torch.tensor([len(s) for s in ids])
         cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
         flat = torch.tensor([t for s in ids for t in s])
-        positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[torch.repeat_interleave(torch.arange(len(ids)), lengths)]
+        positions = packed_positions(cu_seqlens, flat.numel())
         return self.embeddings(flat, positions), cu_seqlens, max_seqlen
 
     def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype, encoder: PackedEncoder | None = None) -> Tensor:
@@ -127,7 +127,7 @@ class PretrainedEncoder(nn.Module):
         cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
         flat = torch.tensor([t for s in ids for t in s])  # (total,) packed straight from the tokenizer
         seq = torch.repeat_interleave(torch.arange(len(ids)), lengths)  # (total,) which sequence each token is in
-        positions = torch.arange(flat.numel()) - cu_seqlens[:-1].long()[seq]
+        positions = packed_positions(cu_seqlens, flat.numel())
         h = (encoder or self.packed_encoder(dtype)).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, max_seqlen)
         h = h.float()  # (total, d)
         if self.pooling.mode == "cls":
@@ -184,6 +184,12 @@ class PretrainedEncoder(nn.Module):
                 out.append(self._encode_packed(ids, dtype, encoder) if path == "packed" else self._encode_padded(ids, path))
         emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
         return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
+
+
+def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
+    """(total,) int64 position of each packed token inside its own sequence: 0, 1, ... restarting per sequence."""
+    starts = cu_seqlens[:-1].long()
+    return torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, cu_seqlens.diff().long())
 
 
 def check_encode_args(texts, batch_size: int, path: str, precision: str | None) -> str | None:

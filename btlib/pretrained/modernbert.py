@@ -35,9 +35,7 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -
     fix, for a missing or damaged file, a config field btlib cannot reproduce, or tensors that do
     not match the config. Weights stored in bf16/fp16 are upcast to fp32 exactly.
     """
-    from tokenizers import Tokenizer
-
-    from . import _max_length, _pooling  # the folder conventions the BERT loader reads, shared
+    from . import _pooling, _tokenizer  # the folder conventions the BERT loader reads, shared
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -47,12 +45,7 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -
     spec = read_modernbert_spec(folder)
     sd = read_state_dict(folder)
     prefix = check_modernbert_tensors(sd, spec)
-    if not (folder / "tokenizer.json").is_file():
-        raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    max_length = _max_length(folder, spec.max_positions)
-    tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
-    tokenizer.enable_truncation(max_length)
+    tokenizer, max_length = _tokenizer(folder, spec.max_positions)
 
     model = ModernBertEncoder(spec, tokenizer, max_length, _pooling(folder))
     mapped = {name: prefix + name for name, _ in model.named_parameters()}  # the same names, under the file's prefix

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from .checkpoint import CheckpointError, read_config
+from .checkpoint import CheckpointError, need_positive_int, read_config
 
 __all__ = ["ModernBertSpec", "read_modernbert_spec", "spec_from_config", "check_modernbert_tensors", "ACTIVATIONS"]
 
@@ -141,12 +141,7 @@ def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
         raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not 'modernbert'")
 
     def need(key: str) -> int:
-        if key not in c:
-            raise CheckpointError(f"{where} has no {key!r}, which a modernbert config must give; "
-                                  "restore the file from the model's source")
-        if not isinstance(c[key], int) or isinstance(c[key], bool) or c[key] < 1:
-            raise CheckpointError(f"{where}: {key} must be a positive integer; got {c[key]!r}")
-        return c[key]
+        return need_positive_int(c, key, where, "modernbert")
 
     n_layers, d, heads = need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads")
     ff, vocab = need("intermediate_size"), need("vocab_size")

@@ -35,9 +35,9 @@ from torch import Tensor, nn
 
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
-from .model import Pooling, check_encode_args
+from .model import Pooling, check_encode_args, packed_positions
 from .modernbert_config import ModernBertSpec, spec_from_config
-from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, rope_tables
+from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
 
 __all__ = ["ModernBertEncoder", "MODERNBERT_PATHS"]
 
@@ -65,7 +65,7 @@ class ModernBertEncoder(nn.Module):
         self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
         self.embeddings = ModernBertEmbeddings(spec)
         self.layers = nn.ModuleList(ModernBertLayer(spec, i) for i in range(spec.num_layers))
-        self.final_norm = nn.LayerNorm(spec.d_model, eps=spec.norm_eps, bias=spec.norm_bias)
+        self.final_norm = _norm(spec)
         self._copies: dict[torch.dtype, _Stack] = {}  # bf16 copies, made on first use: clear after changing weights
         self.eval()
 
@@ -122,10 +122,7 @@ class ModernBertEncoder(nn.Module):
         return self._forward(ids, cu_seqlens, int(max_seqlen), dtype)
 
     def _forward(self, ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, dtype: torch.dtype) -> Tensor:
-        total = ids.numel()
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)  # (total,) first token of each token's sequence
-        positions = torch.arange(total, device=ids.device) - starts  # (total,): 0, 1, ... restarting per sequence
+        positions = packed_positions(cu_seqlens, ids.numel())  # (total,): 0, 1, ... restarting per sequence
         tables = {theta: rope_tables(positions, self.spec.head_dim, theta)
                   for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
         stack = self._stack(dtype)
@@ -169,7 +166,7 @@ class ModernBertEncoder(nn.Module):
         out = []
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
-                ids, cu_seqlens, max_seqlen = self.pack(self.tokenize(texts[i:i + batch_size]))
+                ids, cu_seqlens, max_seqlen = self.pack(list(texts[i:i + batch_size]))
                 out.append(self._pool(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
         emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
         return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
