@@ -26,7 +26,7 @@ import torch
 
 from ..kernels import relative_error
 from ..lengths import attention_flops
-from ..padding import lengths_to_cu_seqlens
+from ..padding import lengths_to_cu_seqlens, lengths_to_padding_mask
 from .core import Benchmark, Provider, declare
 from .windowed import document_lengths
 
@@ -85,7 +85,7 @@ def _inputs(p: dict) -> dict:
     g = torch.Generator().manual_seed(p.get("seed", 0))
     ids = torch.randint(4, shape["vocab_size"], (int(lengths.sum()),), generator=g)  # (total,) real tokens only
     cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
-    real = torch.arange(p["T"])[None, :] < lengths[:, None]  # (B, T)
+    real = ~lengths_to_padding_mask(lengths, p["T"])  # (B, T), True at real tokens
     padded = torch.zeros(p["B"], p["T"], dtype=torch.int64)
     padded[real] = ids
     hf, ours = modernbert_pair(p["model"])

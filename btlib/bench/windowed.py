@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ..kernels import relative_error
 from ..lengths import attention_flops
 from ..padding import lengths_to_cu_seqlens, pack, unpack
-from ..reference import reference_attention
+from ..reference import allowed_mask, reference_attention
 from .core import Benchmark, Provider, declare
 
 __all__ = ["LOCAL_WINDOW", "document_lengths", "add_ideal", "FLEX_FIRST_CALL_S", "attention_inputs"]
@@ -57,15 +57,6 @@ def document_lengths(B: int, T: int, *, seed: int = 0, spread: float = 4.0) -> t
     return torch.tensor([T, *np.round(rest).astype(np.int64).tolist()], dtype=torch.int64)
 
 
-def _window_mask(lengths: torch.Tensor, T: int, window: tuple[int, int] | None) -> torch.Tensor:
-    """(B, 1, T, T) bool, True = may attend: real keys, and |i - j| inside the window (transformers' SDPA mask)."""
-    keys = (torch.arange(T) < lengths[:, None])[:, None, None, :]
-    if window is None:
-        return keys
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return keys & ((j >= i - window[0]) & (j <= i + window[1]))[None, None]
-
-
 def _key(p: dict) -> tuple:
     return (p["B"], p["T"], p["H"], p["D"], p["window"], p.get("seed", 0))
 
@@ -78,8 +69,9 @@ def attention_inputs(p: dict) -> dict:
     g = torch.Generator().manual_seed(p.get("seed", 0))
     packed = [torch.randn(int(lengths.sum()), H, D, generator=g) for _ in range(3)]
     padded = [unpack(x, cu_seqlens, T).transpose(1, 2).contiguous() for x in packed]  # (B, H, T, D)
+    mask = allowed_mask(B, T, T, lengths=lengths, window=window)  # (B, 1, T, T): real keys & window, transformers' SDPA mask
     return {"key": _key(p), "lengths": lengths, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen, "window": window,
-            "packed": packed, "padded": padded, "mask": _window_mask(lengths, T, window)}
+            "packed": packed, "padded": padded, "mask": mask}
 
 
 def _reference(x: dict, chunk: int = 512) -> torch.Tensor:
@@ -94,7 +86,7 @@ def _reference(x: dict, chunk: int = 512) -> torch.Tensor:
         for a, b in zip(bounds[:-1], bounds[1:]):
             for i0 in range(0, b - a, chunk):
                 i1 = min(b - a, i0 + chunk)
-                j0, j1 = (0, b - a) if window is None else (max(0, i0 - window[0]), min(b - a, i1 - 1 + window[1] + 1))
+                j0, j1 = (0, b - a) if window is None else (max(0, i0 - window[0]), min(b - a, i1 + window[1]))
                 i, j = torch.arange(i0, i1)[:, None], torch.arange(j0, j1)[None, :]
                 mask = None if window is None else (j >= i - window[0]) & (j <= i + window[1])
                 out[:, a + i0:a + i1] = reference_attention(q[None, :, a + i0:a + i1], k[None, :, a + j0:a + j1],
