@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .padding import check_cu_seqlens, check_lengths
 
-__all__ = ["check_padded_inputs", "check_varlen_inputs", "check_window"]
+__all__ = ["check_padded_inputs", "check_varlen_inputs", "check_window", "window_reach"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -60,6 +60,12 @@ def check_window(window) -> tuple[int, int] | None:
         if w < 0:
             raise ValueError(f"window {name} must be >= 0; got {int(w)}: {hint}")
     return int(window[0]), int(window[1])
+
+
+def window_reach(window) -> tuple[int, int]:
+    """:func:`check_window`'s (left, right) as the compiled kernels take it: -1 = no limit on that side."""
+    w = check_window(window)
+    return (-1, -1) if w is None else w
 
 
 def check_padded_inputs(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None) -> None:

@@ -70,14 +70,12 @@ def allowed_mask(
         allowed = both(allowed, keys.view(B, 1, 1, S))
     if key_padding_mask is not None:
         allowed = both(allowed, (~key_padding_mask.to(device, torch.bool)).view(B, 1, 1, S))
-    if causal:
-        i = torch.arange(T, device=device).view(T, 1)
-        j = torch.arange(S, device=device).view(1, S)
-        allowed = both(allowed, (j <= i).view(1, 1, T, S))
-    if window is not None:
-        i = torch.arange(T, device=device).view(T, 1)
-        j = torch.arange(S, device=device).view(1, S)
-        allowed = both(allowed, ((j >= i - window[0]) & (j <= i + window[1])).view(1, 1, T, S))
+    if causal or window is not None:  # one band over the key's offset j - i: causal caps it at 0
+        d = torch.arange(S, device=device).view(1, S) - torch.arange(T, device=device).view(T, 1)
+        band = d <= (0 if causal else window[1])
+        if window is not None:
+            band = band & (d >= -window[0])
+        allowed = both(allowed, band.view(1, 1, T, S))
     if attn_mask is not None:
         m = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
         while m.dim() < 4:

@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ...checks import check_window
+from ...checks import window_reach
 from ..registry import Kernel, register
 from . import build
 
@@ -37,12 +37,6 @@ MAX_HEAD_DIM = 256  # kMaxD in core.h
 
 def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _window(window) -> tuple[int, int]:
-    """(left, right) for the C++ ops: -1 = no limit on that side."""
-    w = check_window(window)
-    return (-1, -1) if w is None else w
 
 
 def _check_bf16(q: Tensor) -> None:
@@ -91,7 +85,7 @@ def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = No
     window=(left, right): local attention; only the key tiles meeting a query block's band are computed.
     """
     _check_bf16(q)
-    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale), *_window(window))
+    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window))
 
 
 def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
@@ -104,7 +98,7 @@ def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max
     kernels size their grid by it instead of reading the lengths back from the device.
     """
     _check_bf16(q)
-    return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *_window(window))
+    return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *window_reach(window))
 
 
 _F32 = (torch.float32,)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ...checks import check_window
+from ...checks import window_reach
 from .._build import build_directory
 from ..gpu_limits import LOG2E
 
@@ -91,9 +91,8 @@ def _run(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, causal, scale, 
         raise TypeError(f"the emulator takes CPU float32/float16/bfloat16 tensors; got {q.dtype} on {q.device}")
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    window = check_window(window)
     # as the binding: -1 = no limit, and a reach past every key is none (keeps the int sums in range)
-    left, right = (-1, -1) if window is None else (-1 if w >= max(Tq, Tk) else w for w in window)
+    left, right = (-1 if w >= max(Tq, Tk) else w for w in window_reach(window))
     st = (ctypes.c_int64 * 12)(*strides)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     rc = load().btlib_emulate_flash_forward(

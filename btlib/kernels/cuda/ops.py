@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...checks import check_window
+from ...checks import window_reach
 from ..gpu_limits import DTYPES, MAX_HEAD_DIM
 from ..registry import CpuRun, Kernel, register
 from . import build, emulate
@@ -36,11 +36,6 @@ def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-def _window(window) -> tuple[int, int]:
-    w = check_window(window)
-    return (-1, -1) if w is None else w  # -1: no limit on that side
-
-
 def cuda_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                    scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
     """CUDA C++ kernel on a padded batch (builds on first call). q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int.
@@ -48,14 +43,14 @@ def cuda_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = 
     window=(left, right): local attention; key tiles outside a query tile's band are not visited.
     """
     build.load()
-    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale), *_window(window))
+    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window))
 
 
 def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
                           scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
     """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
     build.load()
-    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *_window(window))
+    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *window_reach(window))
 
 
 # Without a GPU the check still runs the kernel's own source, on CPU threads (emulate.py).
