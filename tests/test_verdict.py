@@ -6,6 +6,7 @@ import pytest
 
 import btlib.bench.verdict as verdict
 from btlib.bench import compare, find_row, noise
+from btlib.bench.verdict import faster_first
 
 
 def _row(provider, median, lo=None, rounds=None, status="ok"):
@@ -66,3 +67,9 @@ def test_run_rounds_records_every_round():
                       error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
     (row,) = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
     assert len(row["round_medians_ms"]) == 3 and row["median_ms"] == min(row["round_medians_ms"])
+
+
+def test_faster_first_names_the_faster_row_first():
+    slow, fast = _row("slow", 100), _row("fast", 25)
+    assert faster_first(slow, fast, "v1", "v3") == "v3 against v1: 4.00x faster (noise ±2%)"
+    assert faster_first(fast, slow, "v3", "v1") == "v3 against v1: 4.00x faster (noise ±2%)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["Comparison", "compare", "noise", "find_row"]
+__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row"]
 
 FLOOR = 0.02
 
@@ -68,6 +68,14 @@ def compare(a: dict, b: dict, *, floor: float = FLOOR) -> Comparison:
             raise ValueError(f"row {r.get('provider')!r} was not timed ({r.get('status')}: {r.get('reason')}); "
                              "compare only rows with status 'ok'")
     return Comparison(ratio=b["median_ms"] / a["median_ms"], noise=max(noise(a), noise(b), floor))
+
+
+def faster_first(a: dict, b: dict, name_a: str, name_b: str) -> str:
+    """"<faster> against <slower>: 1.80x faster (noise ±3%)": the comparison with the faster row named first,
+    so a sentence never reads "4.00x slower" and a ratio within noise is shown as >= 1.00x."""
+    if compare(a, b).ratio < 1:
+        a, b, name_a, name_b = b, a, name_b, name_a
+    return f"{name_a} against {name_b}: {compare(a, b)}"
 
 
 def find_row(rows: Sequence[dict], provider: str, x: Any = None, **params: Any) -> dict:
