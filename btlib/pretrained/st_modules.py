@@ -165,7 +165,8 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
         if pt.is_file():  # what sentence-transformers does too: the restricted unpickler runs no code
             return torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged file or a pickle that holds more than tensors
-        raise CheckpointError(f"{folder}: the Dense weights cannot be read safely ({type(e).__name__}: {e}); "
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"{folder}: the Dense weights cannot be read safely ({type(e).__name__}: {why}); "
                               "convert them to model.safetensors with sentence-transformers") from None
     raise CheckpointError(f"{folder} has neither model.safetensors nor pytorch_model.bin for its Dense module")
 
