@@ -172,3 +172,19 @@ def test_transformer_in_a_subfolder(tmp_path, bases):
     mods = json.loads((folder / "modules.json").read_text())
     (folder / "modules.json").write_text(json.dumps([{**mods[0], "path": "0_Transformer"}] + mods[1:]))
     assert rel(load_pretrained(folder).encode(TEXTS), ref) <= 1e-5
+
+
+def test_modernbert_uses_the_same_modules(tmp_path):
+    """ModernBERT's encode pools through the same SentenceHead: max + lasttoken, Dense, Normalize as s-t does."""
+    import transformers as tf
+    from test_modernbert import WORDS, _tokenizer, write_modernbert
+
+    base = tmp_path / "hf"
+    write_modernbert(base, masked_lm=False)
+    tf.PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                               sep_token="[SEP]", mask_token="[MASK]").save_pretrained(base)
+    folder = write_st(tmp_path / "st", base, pooling=("max", "lasttoken"), dense=[(8, True, nn.Tanh())], normalize=True)
+    texts = ["w1 w2 w3", "w4", " ".join(WORDS[5 + i % 50] for i in range(40)), ""]
+    ref = st_model(folder).encode(texts, convert_to_tensor=True)
+    model = load_pretrained(folder)
+    assert type(model).__name__ == "ModernBertEncoder" and rel(model.encode(texts, batch_size=3), ref) <= 1e-5
