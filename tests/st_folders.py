@@ -29,7 +29,8 @@ def _randomise(model: torch.nn.Module) -> None:
     """Weights at a scale where attention is far from uniform and token states differ per position."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn_like(p) if "LayerNorm" in name and name.endswith("weight") else 0.1 * torch.randn_like(p))
+            norm_weight = "LayerNorm" in name and name.endswith("weight")
+            p.copy_(1 + 0.2 * torch.randn_like(p) if norm_weight else 0.1 * torch.randn_like(p))
 
 
 def write_hf(folder, arch="bert", tokenizer_class=None, seed=0, **config):

@@ -88,6 +88,8 @@ def test_prompts_and_include_prompt(tmp_path, bases, include_prompt):
     assert model.prompt_length("w1 W2 ") == 3  # [CLS] w1 W2, not the trailing [SEP]
     with pytest.raises(ValueError, match="prompt_name 'nope' is not one of this model's prompts"):
         model.encode(["w1"], prompt_name="nope")
+    bare = load_pretrained(bases["bert"])  # sentence-transformers' defaults: "query" and "document" are no prompt
+    assert torch.equal(bare.encode(TEXTS, prompt_name="query"), bare.encode(TEXTS))
 
 
 def test_do_lower_case_and_max_seq_length_from_sentence_bert_config(tmp_path, bases):

@@ -58,7 +58,8 @@ def _tokenizer(folder: Path, limit: int):
     """tokenizer.json of ``folder``'s Transformer with sentence-transformers' settings applied, and its max length."""
     plan = read_folder(folder)
     c = read_json(plan.transformer_dir / "config.json", "model config")
-    return st_tokenizer(plan, limit, c.get("max_position_embeddings") if isinstance(c.get("max_position_embeddings"), int) else None)
+    positions = c.get("max_position_embeddings")
+    return st_tokenizer(plan, limit, positions if isinstance(positions, int) else None)
 
 
 def _model_type(folder: Path) -> object:

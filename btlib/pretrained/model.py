@@ -78,7 +78,9 @@ class PretrainedEncoder(HasHead, nn.Module):
                  token_types: bool | None = None, special_ids: frozenset[int] = frozenset()):
         super().__init__()
         self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
-        self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
+        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
+        self.prompts = {"query": None, "document": None, **(prompts or {})}
+        self.default_prompt_name = default_prompt_name
         self.token_types, self.special_ids = token_types, special_ids
         self.embeddings = Embeddings(spec)
         layer = nn.TransformerEncoderLayer(spec.d_model, spec.nhead, spec.dim_feedforward, 0.0, _activation(spec.activation),

@@ -75,8 +75,15 @@ def _entry_class(entry: object, i: int, path: Path) -> tuple[str, type | None, P
     return name, MODULE_TYPES.get(name), rel
 
 
+# the names sentence-transformers tries, in its order (older folders name the file after the architecture)
+_CONFIG_NAMES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                 "sentence_camembert_config.json", "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                 "sentence_xlnet_config.json")
+
+
 def _transformer_settings(plan: FolderPlan) -> None:
-    path = plan.transformer_dir / "sentence_bert_config.json"
+    path = next((p for p in (plan.transformer_dir / n for n in _CONFIG_NAMES) if p.is_file()),
+                plan.transformer_dir / _CONFIG_NAMES[0])
     c = read_json(path, "Transformer config")
     extra = sorted(set(c) - _TRANSFORMER_KEYS)
     if extra:
@@ -123,7 +130,7 @@ def _model_config(plan: FolderPlan) -> None:
     if not isinstance(prompts, dict) or not all(isinstance(v, (str, type(None))) for v in prompts.values()):
         raise CheckpointError(f"{path}: prompts must map names to prompt strings; got {prompts!r}")
     name = c.get("default_prompt_name")
-    if name is not None and name not in prompts:
+    if name is not None and name not in {"query": None, "document": None, **prompts}:  # s-t's defaults count
         raise CheckpointError(f"{path}: default_prompt_name {name!r} is not one of the prompts {sorted(prompts)}")
     dim = c.get("truncate_dim")
     if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
