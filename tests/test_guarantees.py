@@ -323,3 +323,68 @@ def test_broken_config_and_weights_raise_checkpoint_error(tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=r"model.safetensors cannot be read \(SafetensorError.*download it again"):
         load_pretrained(folder)
+
+
+# Issue 22, "what real model folders and real callers send": config fields checked at load time by name,
+# RoBERTa positions as transformers computes them, texts and integer arguments checked at the call.
+# (sentence-transformers folders read whole: tests/test_st_modules.py; pairs: tests/test_pairs.py.)
+
+@transformers_missing
+@pytest.mark.parametrize("fields, match", [
+    ({"layer_norm_eps": "1e-12"}, "layer_norm_eps must be a finite number >= 0 .*got '1e-12'"),  # was: crash at encode
+    ({"layer_norm_eps": None}, "layer_norm_eps must be a finite number >= 0 .*got None"),
+    ({"layer_norm_eps": -1.0}, "layer_norm_eps must be a finite number >= 0"),
+    ({"type_vocab_size": 0}, "type_vocab_size must be a positive integer; got 0"),  # was: token types dropped (cos 0.83)
+    ({"pad_token_id": 99}, r"pad_token_id must be a token id \(an integer in \[0, vocab_size=44\)\); got 99"),
+    ({"pad_token_id": True}, "pad_token_id must be a token id"),
+])
+def test_config_fields_are_checked_at_load_time_by_name(tmp_path, fields, match):
+    from btlib.pretrained import CheckpointError, load_pretrained
+
+    folder = _tiny_folder(tmp_path)
+    _edit_config(folder, **fields)
+    with pytest.raises(CheckpointError, match=match):
+        load_pretrained(folder)
+
+
+@transformers_missing
+@pytest.mark.parametrize("arch", ["roberta", "xlm-roberta"])
+def test_roberta_literal_pad_gets_transformers_positions(tmp_path, arch):
+    """transformers: position = pad + cumsum(id != pad), and pad for a pad id; a <pad> written in a text keeps it."""
+    import transformers as tf
+    from st_folders import write_hf
+
+    from btlib.pretrained import load_pretrained
+
+    folder = write_hf(tmp_path, arch)
+    texts = ["w1 <pad> w2 w3", "<pad> <pad> w4", "w5 w6 <pad>", "w7"]
+    tok, hf = tf.AutoTokenizer.from_pretrained(str(folder)), tf.AutoModel.from_pretrained(str(folder)).eval()
+    enc = tok(texts, padding=True, return_tensors="pt")
+    pad = hf.config.pad_token_id
+    assert (enc["input_ids"][enc["attention_mask"].bool()] == pad).sum() == 4  # the literal <pad>s are real tokens
+    with torch.inference_mode():
+        h = hf(**enc).last_hidden_state
+    keep = enc["attention_mask"].unsqueeze(-1).float()
+    ref = (h * keep).sum(1) / keep.sum(1)
+    model = load_pretrained(folder)
+    for path in ("packed", "fastpath_nested", "fastpath", "slow"):  # was: positions counted every token (cos 0.98)
+        assert relative_error(model.encode(texts, path=path), ref) < 1e-5, path
+
+
+@transformers_missing
+def test_texts_and_batch_size_are_checked_at_the_call(tmp_path):
+    import numpy as np
+
+    from btlib.pretrained import load_pretrained
+
+    model = load_pretrained(_tiny_folder(tmp_path))
+    for bad in (None, 3, b"w1", ("w1",), ("w1", 2)):  # was: the tokenizer's internal TypeError / a silent pair
+        with pytest.raises(TypeError, match=r"texts\[1\] is .*encode takes str texts or \(str, str\) pairs"):
+            model.encode(["w1", bad])
+    with pytest.raises(TypeError, match="encode takes a list of texts"):
+        model.encode(t for t in ["w1"])
+    texts = ["w1 w2", "w3", "w4 w5 w6"]
+    assert torch.equal(model.encode(texts, batch_size=np.int64(2)), model.encode(texts, batch_size=2))  # was refused
+    for bad in (True, np.bool_(True), np.float64(2.0)):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            model.encode(texts, batch_size=bad)

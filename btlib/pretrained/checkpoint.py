@@ -23,11 +23,15 @@ cannot matter for inference. A field btlib does not know is ignored: the table i
     field                                          btlib
     hidden_size/dim, num_hidden_layers/n_layers,   honoured; every tensor's shape is checked against them
       num_attention_heads/n_heads, intermediate_size/hidden_dim, vocab_size,
-      max_position_embeddings, type_vocab_size
+      max_position_embeddings
     hidden_act / activation                        honoured: gelu, relu, gelu_new, gelu_pytorch_tanh,
                                                    gelu_fast (tanh GELU); any other value is refused
-    layer_norm_eps                                 honoured (DistilBERT: fixed 1e-12, as in transformers)
-    pad_token_id                                   honoured: padding id, RoBERTa's position offset
+    layer_norm_eps                                 honoured: a finite number >= 0, else refused (DistilBERT: fixed
+                                                   1e-12, as in transformers)
+    type_vocab_size                                honoured: >= 1 (0 is refused: transformers cannot run it)
+    pad_token_id                                   honoured: an id < vocab_size; padding id, and RoBERTa's positions
+                                                   (transformers': cumsum of id != pad, + pad; a literal <pad> in a
+                                                   text keeps position pad, as there)
     position_embedding_type                        "absolute" honoured; relative_key(_query) refused
     is_decoder                                     refused when true (causal self-attention)
     add_cross_attention, is_encoder_decoder        refused when true (a decoder / seq2seq model)
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,16 +143,28 @@ def read_spec(folder: Path) -> CheckpointSpec:
         raise CheckpointError(f"{cfg_path} describes a model btlib cannot reproduce exactly:\n  " + "\n  ".join(refused)
                               + "\nRun it with transformers instead")
     roberta = kind in ("roberta", "xlm-roberta")
+    vocab, max_positions = need("vocab_size"), need("max_position_embeddings")
     pad = c.get("pad_token_id", 1 if roberta else 0)  # transformers' defaults
-    if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
-        raise CheckpointError(f"{cfg_path}: pad_token_id must be a token id (an integer >= 0); got {pad!r}")
+    if pad is None and not roberta:
+        pad = 0  # BERT and DistilBERT use pad_token_id only to fill padding, which attention never sees
+    if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < vocab:
+        raise CheckpointError(f"{cfg_path}: pad_token_id must be a token id (an integer in [0, vocab_size={vocab})); "
+                              f"got {pad!r}")
+    offset = pad + 1 if roberta else 0
+    if max_positions <= offset:
+        raise CheckpointError(f"{cfg_path}: max_position_embeddings {max_positions} leaves no position for a token: "
+                              f"{kind} counts positions from pad_token_id + 1 = {offset}")
     if kind == "distilbert":
         return CheckpointSpec(kind, need("n_layers"), need("dim"), need("n_heads"), need("hidden_dim"), c.get("activation", "gelu"),
-                              1e-12, need("vocab_size"), need("max_position_embeddings"), 0, pad, 0)
+                              1e-12, vocab, max_positions, 0, pad, 0)
+    eps = c.get("layer_norm_eps", 1e-12)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
+        raise CheckpointError(f"{cfg_path}: layer_norm_eps must be a finite number >= 0 (e.g. 1e-12); got {eps!r}")
+    # type_vocab_size 0 builds an empty token-type table that transformers 5.23 then indexes (index_select error)
+    type_vocab = need_positive_int({"type_vocab_size": 2, **c}, "type_vocab_size", cfg_path, kind)
     return CheckpointSpec(kind, need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads"),
-                          need("intermediate_size"), c.get("hidden_act", "gelu"), c.get("layer_norm_eps", 1e-12),
-                          need("vocab_size"), need("max_position_embeddings"), c.get("type_vocab_size", 2),
-                          pad, pad + 1 if roberta else 0)
+                          need("intermediate_size"), c.get("hidden_act", "gelu"), float(eps), vocab, max_positions,
+                          type_vocab, pad, offset)
 
 
 def verify_sha256(path: Path, expected: str) -> None:

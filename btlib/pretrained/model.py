@@ -3,17 +3,20 @@
     model = btlib.load_pretrained()                      # all-MiniLM-L6-v2, offline, sha256-checked
     emb = model.encode(["a sentence", "another"])        # (2, 384), mean-pooled, L2-normalised
     emb = model.encode(texts, path="fastpath_nested")    # PyTorch's BetterTransformer path instead
+    emb = model.encode([("a question", "a passage")])     # pairs: [CLS] a [SEP] b [SEP], token types as transformers
+    emb = model.encode(texts, prompt_name="query")       # a prompt from config_sentence_transformers.json
 
 The encoder is a plain ``nn.TransformerEncoder`` (batch_first, post-LN), so PyTorch's fastpath
 and nested tensors apply to it as they did with Optimum's BetterTransformer; ``path="packed"``
 (the default) never pads at all: token ids are packed straight from the tokenizer, embedded,
-run through btlib.PackedEncoder and mean-pooled per sequence with a segment sum.
+run through btlib.PackedEncoder and pooled per sequence with segment sums by ``model.head``, the
+folder's sentence-transformers modules (btlib.pretrained.st_modules: Pooling, Dense, Normalize).
 """
 
 from __future__ import annotations
 
+import numbers
 import warnings
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -26,8 +29,9 @@ from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
 from ..padding import lengths_to_cu_seqlens
 from .checkpoint import CheckpointSpec
+from .st_modules import HasHead, Pooling, SentenceHead
 
-__all__ = ["PretrainedEncoder", "PATHS", "Pooling"]
+__all__ = ["PretrainedEncoder", "PATHS", "Pooling", "check_texts"]
 
 PATHS = ("packed", "packed_bf16", "fastpath_nested", "fastpath", "slow")
 
@@ -42,16 +46,8 @@ def _activation(name: str):
     raise ValueError(f"activation {name!r} is not supported (gelu, relu, gelu_new, gelu_pytorch_tanh)")
 
 
-@dataclass(frozen=True)
-class Pooling:
-    """How token states become one sentence vector (sentence-transformers' 1_Pooling and Normalize)."""
-
-    mode: str = "mean"          # "mean" over real tokens, or "cls" (the first token)
-    normalize: bool = True      # L2-normalise the pooled vector
-
-
 class Embeddings(nn.Module):
-    """word + position (+ token type 0) embeddings, then LayerNorm."""
+    """word + position + token type embeddings, then LayerNorm."""
 
     def __init__(self, spec: CheckpointSpec):
         super().__init__()
@@ -59,22 +55,33 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(spec.max_positions, spec.d_model)
         self.token_type = nn.Embedding(spec.type_vocab_size, spec.d_model) if spec.type_vocab_size else None
         self.norm = nn.LayerNorm(spec.d_model, eps=spec.layer_norm_eps)
-        self.position_offset = spec.position_offset
 
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids, positions: same shape, int64 -> (..., d). Positions count from 0 in each sequence."""
-        x = self.word(ids) + self.position(positions + self.position_offset)
+    def forward(self, ids: Tensor, positions: Tensor, types: Tensor | None = None) -> Tensor:
+        """ids, positions (rows of the position table), types (None: 0 everywhere): same shape, int64 -> (..., d)."""
+        x = self.word(ids) + self.position(positions)
         if self.token_type is not None:
-            x = x + self.token_type.weight[0]  # single-segment input: token type 0 everywhere
+            x = x + (self.token_type.weight[0] if types is None else self.token_type(types))
         return self.norm(x)
 
 
-class PretrainedEncoder(nn.Module):
-    """Embeddings + nn.TransformerEncoder + pooling, loaded from a Hugging Face-format folder."""
+class PretrainedEncoder(HasHead, nn.Module):
+    """Embeddings + nn.TransformerEncoder + the folder's sentence-transformers head, from a Hugging Face-format folder.
 
-    def __init__(self, spec: CheckpointSpec, tokenizer, max_length: int, pooling: Pooling):
+    pooling: a :class:`Pooling` shorthand or a :class:`SentenceHead` (kept as ``model.head``).
+    prompts / default_prompt_name: config_sentence_transformers.json's. token_types: whether transformers'
+    tokenizer for this folder hands token_type_ids to the model (None: unknown, pairs are refused).
+    special_ids: the ids transformers counts as special (a prompt's trailing [SEP] is not part of it).
+    """
+
+    def __init__(self, spec: CheckpointSpec, tokenizer, max_length: int, pooling: Pooling | SentenceHead, *,
+                 prompts: dict[str, str | None] | None = None, default_prompt_name: str | None = None,
+                 token_types: bool | None = None, special_ids: frozenset[int] = frozenset()):
         super().__init__()
         self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
+        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
+        self.prompts = {"query": None, "document": None, **(prompts or {})}
+        self.default_prompt_name = default_prompt_name
+        self.token_types, self.special_ids = token_types, special_ids
         self.embeddings = Embeddings(spec)
         layer = nn.TransformerEncoderLayer(spec.d_model, spec.nhead, spec.dim_feedforward, 0.0, _activation(spec.activation),
                                            layer_norm_eps=spec.layer_norm_eps, batch_first=True)
@@ -84,16 +91,66 @@ class PretrainedEncoder(nn.Module):
         self.eval()
 
     # -- tokens ------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids per text, with the special tokens, truncated to ``max_length``; no padding."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+    def tokenize(self, texts: Sequence[str | tuple[str, str]]) -> list[list[int]]:
+        """Token ids per text (or pair), with the special tokens, truncated to ``max_length``; no padding."""
+        return [e.ids for e in self.tokenizer.encode_batch([t if isinstance(t, str) else tuple(t) for t in texts])]
 
-    def _pad(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
-        T = max(len(s) for s in ids)
+    def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], list[list[int]] | None]:
+        """(ids, token types or None for all-0) per text; the prompt goes before each text (a pair's first text)."""
+        pairs = [not isinstance(t, str) for t in texts]
+        if any(pairs) and self.token_types is None and self.spec.type_vocab_size > 1:
+            raise ValueError("pairs need to know whether this folder's tokenizer hands token_type_ids to the model, and "
+                             "its tokenizer_config.json's tokenizer_class is not one btlib knows; pass single texts")
+        if prompt:
+            texts = [prompt + t if isinstance(t, str) else (prompt + t[0], t[1]) for t in texts]
+        enc = self.tokenizer.encode_batch([t if isinstance(t, str) else tuple(t) for t in texts])
+        if not self.token_types or self.embeddings.token_type is None:
+            return [e.ids for e in enc], None
+        types = [e.type_ids for e in enc]
+        if max((max(t, default=0) for t in types), default=0) >= self.spec.type_vocab_size:
+            raise ValueError(f"the tokenizer gives token type ids up to {max(max(t, default=0) for t in types)} but the "
+                             f"model has type_vocab_size {self.spec.type_vocab_size}; transformers cannot run this either")
+        return [e.ids for e in enc], types
+
+    def prompt_length(self, prompt: str | None) -> int | None:
+        """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
+        pooling when include_prompt is false. None for no prompt."""
+        if not prompt:
+            return None
+        ids = self.tokenizer.encode(prompt).ids
+        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
+
+    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a str; got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(self.prompts)}")
+            return self.prompts[prompt_name]
+        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
+
+    def positions(self, ids: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
+        """Row of the position table for each token, as transformers computes it.
+
+        ids: (total,) packed with cu_seqlens (B + 1,), or (B, T) right-padded. BERT / DistilBERT: the offset
+        inside the sequence. RoBERTa / XLM-R: pad_token_id + the count of non-pad tokens up to and including
+        this one, and pad_token_id for a pad token (a literal <pad> in a text too), as transformers'
+        create_position_ids_from_input_ids does.
+        """
         pad = self.spec.pad_token_id
-        tokens = torch.tensor([s + [pad] * (T - len(s)) for s in ids])
-        lengths = torch.tensor([len(s) for s in ids])
-        return tokens, torch.arange(T).view(1, T) >= lengths.view(-1, 1)  # (B, T), True at padding
+        if self.spec.position_offset == 0:
+            if cu_seqlens is None:
+                return torch.arange(ids.shape[-1]).expand_as(ids)
+            return packed_positions(cu_seqlens, ids.numel())
+        real = (ids != pad).long()
+        if cu_seqlens is None:
+            return real.cumsum(-1) * real + pad
+        c = torch.cat([real.new_zeros(1), real.cumsum(0)])  # (total + 1,) real tokens before each index
+        before = torch.repeat_interleave(c[cu_seqlens[:-1].long()], cu_seqlens.diff().long())  # per sequence start
+        return (c[1:] - before) * real + pad
 
     # -- forward paths -----------------------------------------------------------------------
     def packed_encoder(self, dtype: torch.dtype = torch.float32) -> PackedEncoder:
@@ -114,42 +171,41 @@ class PretrainedEncoder(nn.Module):
                 self._int8 = quantize_auto(self.packed_encoder(), [batch])
         return self._int8
 
-    def _packed_inputs(self, ids: list[list[int]]) -> tuple[Tensor, Tensor, int]:
+    def _packed_inputs(self, ids: list[list[int]], types: list[list[int]] | None = None) -> tuple[Tensor, Tensor, int]:
         """Token ids (N lists) -> embedded packed tokens (total, d) float32, cu_seqlens (N + 1,) int32, max_seqlen."""
-        lengths = torch.tensor([len(s) for s in ids])
-        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
-        flat = torch.tensor([t for s in ids for t in s])
-        positions = packed_positions(cu_seqlens, flat.numel())
-        return self.embeddings(flat, positions), cu_seqlens, max_seqlen
+        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids]))
+        flat = torch.tensor([t for s in ids for t in s], dtype=torch.int64)  # (total,) packed straight from the tokenizer
+        tt = None if types is None else torch.tensor([t for s in types for t in s], dtype=torch.int64)
+        return self.embeddings(flat, self.positions(flat, cu_seqlens), tt), cu_seqlens, max_seqlen
 
-    def _encode_packed(self, ids: list[list[int]], dtype: torch.dtype, encoder: PackedEncoder | None = None) -> Tensor:
-        lengths = torch.tensor([len(s) for s in ids])
-        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(lengths)
-        flat = torch.tensor([t for s in ids for t in s])  # (total,) packed straight from the tokenizer
-        seq = torch.repeat_interleave(torch.arange(len(ids)), lengths)  # (total,) which sequence each token is in
-        positions = packed_positions(cu_seqlens, flat.numel())
-        h = (encoder or self.packed_encoder(dtype)).forward_packed(self.embeddings(flat, positions).to(dtype), cu_seqlens, max_seqlen)
-        h = h.float()  # (total, d)
-        if self.pooling.mode == "cls":
-            return h[cu_seqlens[:-1].long()]
-        sums = torch.zeros(len(ids), h.shape[1]).index_add_(0, seq, h)  # segment sum per sequence
-        return sums / lengths.view(-1, 1)
+    def _encode_packed(self, ids: list[list[int]], types: list[list[int]] | None, dtype: torch.dtype,
+                       encoder: PackedEncoder | None, prompt_length: int | None) -> Tensor:
+        x, cu_seqlens, max_seqlen = self._packed_inputs(ids, types)
+        h = (encoder or self.packed_encoder(dtype)).forward_packed(x.to(dtype), cu_seqlens, max_seqlen)
+        return self.head(h.float(), cu_seqlens, prompt_length)  # (total, d) -> (B, out)
 
-    def _encode_padded(self, ids: list[list[int]], path: str) -> Tensor:
-        tokens, pad = self._pad(ids)
-        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-        x = self.embeddings(tokens, positions)
+    def _encode_padded(self, ids: list[list[int]], types: list[list[int]] | None, path: str,
+                       prompt_length: int | None) -> Tensor:
+        T, pad_id = max(len(s) for s in ids), self.spec.pad_token_id
+        tokens = torch.tensor([s + [pad_id] * (T - len(s)) for s in ids], dtype=torch.int64)  # (B, T)
+        lengths = torch.tensor([len(s) for s in ids])
+        pad = torch.arange(T).view(1, T) >= lengths.view(-1, 1)  # (B, T), True at padding
+        tt = None if types is None else torch.tensor([s + [0] * (T - len(s)) for s in types], dtype=torch.int64)
+        x = self.embeddings(tokens, self.positions(tokens), tt)
         enc = self.encoder if path == "fastpath_nested" else dense_twin(self.encoder)
         h = run_slow(enc, x, src_key_padding_mask=pad) if path == "slow" else enc(x, src_key_padding_mask=pad)  # (B, T, d)
-        if self.pooling.mode == "cls":
-            return h[:, 0]
-        keep = (~pad).unsqueeze(-1).to(h.dtype)
-        return (h * keep).sum(1) / keep.sum(1)
+        cu_seqlens, _ = lengths_to_cu_seqlens(lengths)
+        return self.head(h[~pad], cu_seqlens, prompt_length)  # the real tokens, packed: one pooling for every path
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed",
-               precision: str | None = None) -> Tensor:
-        """Sentence embeddings (N, d) float32, as sentence-transformers computes them (pool, then normalise).
+    def encode(self, texts: Sequence[str | tuple[str, str]], *, batch_size: int = 64, path: str = "packed",
+               precision: str | None = None, prompt_name: str | None = None, prompt: str | None = None) -> Tensor:
+        """Sentence embeddings (N, out) float32, as sentence-transformers computes them (its modules, in order).
 
+        texts: str, or (a, b) pairs, encoded as transformers encodes pairs ([CLS] a [SEP] b [SEP], token type 1
+        on b where the tokenizer hands token types to the model, truncation longest-first).
+        prompt / prompt_name: sentence-transformers' prompts (prepended to each text; a pair's first text);
+        without either, the folder's default_prompt_name applies. A Pooling with include_prompt false leaves
+        the prompt's tokens out.
         path: "packed" (default, no padding anywhere), or PyTorch's "fastpath_nested", "fastpath"
         (dense) and "slow" (fastpath disabled); "packed_bf16" is "packed" with precision="bf16".
         precision (packed paths only): None or "fp32" (default), "bf16" (explicit: warns once where
@@ -158,16 +214,20 @@ class PretrainedEncoder(nn.Module):
         only, never picked by "auto": int8 linear layers, attention and LayerNorm in fp32, embeddings within
         cosine 0.995 of fp32 on the workbook's corpora; see btlib.quant; warns once where this CPU's int8
         matmuls are not faster than fp32).
-        batch_size: texts per forward, >= 1.
+        batch_size: texts per forward, >= 1 (a Python or numpy integer).
         """
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}; got {path!r}")
         if precision is not None and precision not in (*PRECISIONS, "int8"):
             raise ValueError(f"precision must be None or one of {(*PRECISIONS, 'int8')}; got {precision!r}")
         precision = check_encode_args(texts, batch_size, path, precision)
+        check_texts(texts)
+        batch_size = int(batch_size)
         path = "packed" if path == "packed_bf16" else path
         if not path.startswith("packed") and precision not in (None, "fp32"):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        prompt_length = self.prompt_length(prompt)
         encoder = None
         if precision == "int8":
             from ..quant import warn_if_slow_int8
@@ -180,10 +240,10 @@ class PretrainedEncoder(nn.Module):
         out = []
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
-                ids = self.tokenize(texts[i:i + batch_size])
-                out.append(self._encode_packed(ids, dtype, encoder) if path == "packed" else self._encode_padded(ids, path))
-        emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
-        return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
+                ids, types = self._token_ids(texts[i:i + batch_size], prompt)
+                out.append(self._encode_packed(ids, types, dtype, encoder, prompt_length) if path == "packed"
+                           else self._encode_padded(ids, types, path, prompt_length))
+        return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
 
 
 def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -193,13 +253,29 @@ def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
 
 
 def check_encode_args(texts, batch_size: int, path: str, precision: str | None) -> str | None:
-    """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16')."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+    """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16').
+
+    batch_size: a positive Python or numpy integer (numbers.Integral; bool is refused).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-    if isinstance(texts, str):
+    if isinstance(texts, (str, bytes)):
         raise TypeError("encode takes a list of texts; wrap a single text in a list")
+    if not hasattr(texts, "__len__") or not hasattr(texts, "__getitem__"):
+        raise TypeError(f"encode takes a list of texts; got {type(texts).__name__} (make it a list first)")
     if path == "packed_bf16":
         if precision not in (None, "bf16"):
             raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
         return "bf16"
     return precision
+
+
+def check_texts(texts: Sequence) -> None:
+    """Every item is a str or a (str, str) pair; TypeError naming the first that is not, and what to pass."""
+    for i, t in enumerate(texts):
+        if isinstance(t, str):
+            continue
+        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            continue
+        raise TypeError(f"texts[{i}] is {type(t).__name__} {t!r:.40}; encode takes str texts or (str, str) pairs "
+                        "(decode bytes, convert numbers with str(), drop None)")

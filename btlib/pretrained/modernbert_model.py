@@ -11,14 +11,16 @@ offset inside its own sequence (from cu_seqlens), which is all RoPE needs; globa
 ``btlib.varlen_attention(..., window=None)`` and local ones ``window=(w, w)``, w = local_attention // 2.
 The result equals transformers' ModernBertModel.last_hidden_state on the real tokens.
 
-Pooling (``model.pooling``): read from the folder as sentence-transformers does (1_Pooling/config.json,
-a Normalize module in modules.json); a bare checkpoint (answerdotai/ModernBERT-base, a masked-LM
-model, not an embedding model) gets sentence-transformers' default, mean without normalisation.
+Pooling (``model.head``; ``model.pooling`` as a :class:`Pooling` shorthand): the folder's sentence-transformers
+modules after the Transformer (Pooling, Dense, Normalize: btlib.pretrained.st_modules); a bare checkpoint
+(answerdotai/ModernBERT-base, a masked-LM model, not an embedding model) gets sentence-transformers' default,
+mean without normalisation.
 The sentence-transformers folders of ModernBERT embedding models name their own: e.g.
 nomic-ai/modernbert-embed-base mean-pools and normalises (and expects "search_query: " /
 "search_document: " prefixes in the texts), Alibaba-NLP/gte-modernbert-base takes the CLS token.
-Replace ``model.pooling`` with a :class:`Pooling` to choose another. (config.json's ``classifier_pooling``
-belongs to transformers' classification head, not to sentence embeddings, and is not read.)
+Assign a :class:`Pooling` to ``model.pooling`` (or a SentenceHead to ``model.head``) to choose another.
+(config.json's ``classifier_pooling`` belongs to transformers' classification head, not to sentence
+embeddings, and is not read.)
 
 Without a folder: ``ModernBertEncoder.from_config({"hidden_size": 768, ...})`` builds a random model of
 any shape; a transformers ModernBertModel's ``state_dict()`` loads into it as it is (same names).
@@ -30,12 +32,12 @@ import copy
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
 from .model import Pooling, check_encode_args, packed_positions
+from .st_modules import HasHead
 from .modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
 
@@ -52,7 +54,7 @@ class _Stack(nn.Module):
         self.layers, self.final_norm = layers, final_norm
 
 
-class ModernBertEncoder(nn.Module):
+class ModernBertEncoder(HasHead, nn.Module):
     """ModernBERT (embeddings, pre-LN layers with RoPE and GeGLU, final norm) on packed tokens, plus encode().
 
     Parameter names are transformers' ModernBertModel's (``embeddings.tok_embeddings.weight``,
@@ -131,16 +133,7 @@ class ModernBertEncoder(nn.Module):
             x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen)
         return stack.final_norm(x).float()
 
-    # -- sentence embeddings -----------------------------------------------------------------
-    def _pool(self, h: Tensor, cu_seqlens: Tensor) -> Tensor:
-        """h (total, d) -> (B, d): the first token ("cls") or the mean over each sequence's tokens ("mean")."""
-        if self.pooling.mode == "cls":
-            return h[cu_seqlens[:-1].long()]
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=h.device), lengths)  # (total,)
-        sums = h.new_zeros(lengths.numel(), h.shape[1]).index_add_(0, seq, h)  # segment sum per sequence
-        return sums / lengths.clamp(min=1).view(-1, 1).to(h.dtype)
-
+    # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
     def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed",
                precision: str | None = None) -> Tensor:
         """Sentence embeddings (N, d) float32 as sentence-transformers computes them (pool, then normalise if the
@@ -167,6 +160,5 @@ class ModernBertEncoder(nn.Module):
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
                 ids, cu_seqlens, max_seqlen = self.pack(list(texts[i:i + batch_size]))
-                out.append(self._pool(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
-        emb = torch.cat(out) if out else torch.empty(0, self.spec.d_model)
-        return F.normalize(emb, dim=-1) if self.pooling.normalize else emb
+                out.append(self.head(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
+        return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
