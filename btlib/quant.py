@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from .attention import varlen_attention
 from .device import SlowPrecisionWarning
 from .packed_encoder import PackedEncoder
+from .padding import check_int
 
 __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kernels", "int8_gemm_gflops", "int8_slow_reason",
            "warn_if_slow_int8", "LINEARS"]
@@ -225,6 +226,10 @@ def quantize(packed: PackedEncoder, *, keep_fp32: dict[int, tuple[str, ...]] | t
     """
     if packed.layers[0].linear1.weight.dtype != torch.float32:
         raise ValueError(f"quantize takes an fp32 PackedEncoder; got {packed.layers[0].linear1.weight.dtype}")
+    if not isinstance(keep_fp32, tuple):  # {layer index: names}: an index out of range would be ignored silently
+        n = len(packed.layers)
+        keep_fp32 = {check_int(i, "keep_fp32 layer index", high=n - 1, hint=f"the encoder has {n} layers"): v
+                     for i, v in keep_fp32.items()}
     bad = set(keep_fp32 if isinstance(keep_fp32, tuple) else [n for v in keep_fp32.values() for n in v]) - set(LINEARS)
     if bad:
         raise ValueError(f"keep_fp32 names linears among {LINEARS}; got {sorted(bad)}")

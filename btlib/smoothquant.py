@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .packed_encoder import PackedEncoder
+from .padding import check_int
 from .quant import LINEARS, Int8PackedEncoder, quantize
 
 __all__ = ["calibrate", "sensitivity", "quantize_auto", "CALIBRATION_TEXTS"]
@@ -112,6 +113,7 @@ def quantize_auto(packed: PackedEncoder, batches: list[tuple[Tensor, Tensor, int
     btlib.bench.pretrained (~820 texts): per-token int8 0.980; SmoothQuant alpha 0.5 0.9955 (0.4: 0.991,
     0.6: 0.995); plus layer 3's FFN output linear (the most sensitive of the 24) kept fp32: 0.9967.
     """
+    keep = check_int(keep, "keep", high=len(LINEARS) * len(packed.layers), hint="how many linears stay fp32")
     stats = calibrate(packed, batches)
     sens = sensitivity(packed, batches, stats, alpha)
     kept: dict[int, tuple[str, ...]] = {}
