@@ -183,8 +183,6 @@ def test_calibration_from_four_threads_at_once_gives_the_single_thread_answer():
     batches = [(torch.randn(20, 64, generator=g) * (i + 1), cu, 13) for i in range(4)]  # each thread its own scale
     alone = [smoothquant.calibrate(packed, [b]) for b in batches]
     probe = (torch.randn(20, 64, generator=g), cu, 13)
-    with torch.inference_mode():
-        alone_q8 = quant.quantize(packed, stats=alone[0]).forward_packed(*probe)
     barrier = threading.Barrier(4)
     got: list = [None] * 4
 
@@ -205,5 +203,4 @@ def test_calibration_from_four_threads_at_once_gives_the_single_thread_answer():
             assert all(torch.equal(s[n], a[n]) for s, a in zip(stats, alone[i]) for n in quant.LINEARS)
     with torch.inference_mode():
         one = smoothquant.quantize_auto(packed, [batches[0]]).forward_packed(*probe)
-    assert torch.equal(got[0][3], one)
-    assert alone_q8.shape == one.shape
+    assert torch.equal(got[0][3], one)  # quantize_auto (calibrate + sensitivity) beside three calibrations

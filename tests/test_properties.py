@@ -3,8 +3,11 @@
 Every CPU kernel the registry has here (PyTorch's and the C++ ones) and ``backend="auto"``, on
 B 1-4, H 1-3, T 1-70, D in {1, 8, 24, 64}, lengths from 0 to T, causal on and off. What holds:
 - values: relative error to the reference <= the kernel's registered tolerance; padded rows exactly 0;
-- NaN/inf in padding changes nothing; NaN in a real position makes exactly the rows that attend
-  it NaN (other rows and sequences unchanged);
+- NaN/inf in padding changes nothing; NaN in a real position makes the rows that attend it NaN:
+  a query its own row, a key exactly the rows whose band (sequence, causal, window) holds it, a value
+  those rows and possibly the rest of its (sequence, head) (0 * NaN in P V, as the reference);
+  every other row is the reference's. With and without a window, on every kernel and on every route
+  of backend="auto" (fp32, fp64, fp16, inputs that require grad, head_dim > 256; padded and varlen);
 - gradients (grad on): equal the reference's autograd gradients, or the call raises.
 Hypothesis keeps no example database (no writes outside build/) and is derandomized, so a CI
 failure reproduces; `pytest --hypothesis-show-statistics` prints the examples run per test.
