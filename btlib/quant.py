@@ -18,9 +18,9 @@ state has a large outlier no longer squeezes every other token's resolution.
 
 NaN and inf: a token whose input holds NaN or inf is recomputed in fp32 from the fp32 weight (kept by
 reference, not copied: the int8 encoder shares the fp32 layers anyway), so it comes out exactly as
-fp32's (NaN, +-inf, and relu(-inf) = 0 where fp32 has them). Autograd: rounding to int8 has no useful gradient and the int8 weights
-are buffers, so a call that autograd would record (grad mode on, an input or parameter requiring
-grad) raises; run under torch.inference_mode() / torch.no_grad(), or train the fp32 model.
+fp32's (NaN, +-inf, and relu(-inf) = 0 where fp32 has them). Autograd: rounding to int8 has no useful
+gradient and the int8 weights are buffers, so a call that autograd would record (grad mode on, an
+input or parameter requiring grad) raises; run under torch.inference_mode() / torch.no_grad().
 
 Why torch._int_mm: measured on torch 2.13 CPU (AMD EPYC with AVX-512 VNNI, 2 threads, best of 20), in
 GFLOP/s (GOP/s for int8) of a whole (4096, 384) x (384, 1152) linear: fp32 F.linear 198; fbgemm's

@@ -103,6 +103,8 @@ def test_numpy_integers_are_accepted_wherever_ints_are():
      "max_seqlen must be an int; got bool"),
     (lambda: btlib.varlen_attention(*_qkv(), torch.tensor([0, 3], dtype=torch.int32), 2**63), ValueError,
      "max_seqlen must be <= 2147483647"),  # was an op-schema error
+    (lambda: _cpu_varlen(*_qkv(), torch.tensor([0, 3], dtype=torch.int32), 2**63), ValueError,
+     "max_seqlen must be <= 2147483647"),  # the kernel called directly: was an op-schema error
     (lambda: btlib.varlen_attention(*_qkv(0), torch.tensor([0], dtype=torch.int32), -1), ValueError,
      "max_seqlen must be >= 0"),  # was accepted
     (lambda: btlib.reference_varlen_attention(*_qkv(), torch.tensor([0, 3], dtype=torch.int32), 3.0), TypeError,
@@ -126,6 +128,14 @@ def test_numpy_integers_are_accepted_wherever_ints_are():
 def test_bad_integer_arguments_say_what_to_pass(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def _cpu_varlen(*args):
+    from btlib.kernels.cpu import build, ops
+
+    if build.available() is not None:
+        pytest.skip(f"the C++ kernels cannot build here: {build.available()}")
+    return ops.varlen_attention_v3(*args)
 
 
 def _qkv(total=3):
