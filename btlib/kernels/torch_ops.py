@@ -36,22 +36,23 @@ def _real(lengths: Tensor, T: int) -> Tensor:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None,
-          windowed: bool) -> Tensor:
+          band: bool) -> Tensor:
     """F.scaled_dot_product_attention with btlib.reference_attention's NaN policy.
 
     q: (..., T, D); k, v: (..., S, D); mask: bool broadcastable to (..., T, S), True = may attend, holding
     the causal band and window if any; None: no mask (``causal`` is then SDPA's is_causal);
-    windowed: the mask holds a local window. Two departures of SDPA alone, both fixed here:
+    band: a causal band or a window hides real keys, and k may hold NaN or inf (False: k is known finite,
+    or every real key is attended). Two departures of SDPA alone, both fixed here:
     - a query row holding NaN comes out as 0 from SDPA's CPU flash kernel (taken without a mask: every
       score of the row is NaN and it reads the row as fully masked); the reference gives NaN, as does
       every btlib kernel. Cost: one isnan pass over q and one select over the output.
     - SDPA adds its -inf mask to the scores (so does its math path for is_causal), and NaN + -inf is NaN:
       a NaN (or inf) key reaches every row of its sequence, also the rows a causal band or a window keeps
-      from it. With either, k is checked (one pass, one host sync); only if a key is non-finite, a second
+      from it. With ``band``, k is checked (one pass, one host sync); only if a key is non-finite, a second
       SDPA with those keys zeroed gives the rows that attend none of them (twice the work, on such inputs only).
     """
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
-    if causal or windowed:
+    if band:
         bad = ~torch.isfinite(k).all(-1)  # (..., S): keys whose scores are non-finite
         if bool(bad.any()):
             if mask is None:
@@ -72,9 +73,9 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     B, _, T, _ = q.shape
     if lengths is None:
         if window is None:
-            return _sdpa(q, k, v, None, causal, scale, windowed=False)
+            return _sdpa(q, k, v, None, causal, scale, band=causal)
         mask = allowed_mask(B, T, k.shape[2], causal=causal, window=window, device=q.device)  # (1, 1, T, S) band
-        return _sdpa(q, k, v, mask, causal, scale, windowed=True)
+        return _sdpa(q, k, v, mask, causal, scale, band=True)
     # Padding must not matter, whatever it holds: SDPA adds its -inf mask to the scores (NaN + -inf
     # is NaN) and multiplies V by probabilities (0 * NaN is NaN), so NaN or inf in a padded key or
     # value would reach real rows. torch.where (not a multiply) replaces padding by 0; it also
@@ -84,7 +85,7 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     real_k = _real(lengths, k.shape[2])
     k, v = torch.where(real_k, k, zero), torch.where(real_k, v, zero)
     mask = allowed_mask(B, T, k.shape[2], lengths=lengths, causal=causal, window=window, device=q.device)  # (B, 1, T|1, S)
-    out = _sdpa(q, k, v, mask, causal, scale, windowed=window is not None)
+    out = _sdpa(q, k, v, mask, causal, scale, band=causal or window is not None)
     return torch.where(_real(lengths, T), out, zero)  # padded query rows: exactly 0
 
 
@@ -95,15 +96,17 @@ def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=Non
 def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None) -> Tensor:
     outs = []
     bounds = cu_seqlens.tolist()
+    # one finiteness check of all keys, not one host sync per sequence (_sdpa checks each sequence only if it fails)
+    band = (causal or window is not None) and not bool(torch.isfinite(k).all())
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
             if window is None:
-                o = _sdpa(qs, ks, vs, None, causal, scale, windowed=False)
+                o = _sdpa(qs, ks, vs, None, causal, scale, band=band)
             else:
                 L = end - start
                 mask = allowed_mask(1, L, L, causal=causal, window=window, device=q.device)[0]  # (1, L, L) band
-                o = _sdpa(qs, ks, vs, mask, causal, scale, windowed=True)
+                o = _sdpa(qs, ks, vs, mask, causal, scale, band=band)
             outs.append(o.transpose(0, 1))
     # torch.cat, not writes into an empty buffer: autograd follows it, and no token is left unwritten.
     return torch.cat(outs) if outs else q.clone()
