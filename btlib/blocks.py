@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_window
+from .checks import MAX_REACH, check_window
+from .padding import INT32_MAX, check_int, check_lengths
 
 __all__ = ["DEAD", "PARTIAL", "FULL", "Br", "Bc", "row_bands", "pair_counts", "tile_map", "TileStats", "tile_stats",
            "draw_tile_map"]
@@ -35,11 +36,35 @@ COLORS = ("#f2f2f2", "#f5a623", "#1f5fa8")  # dead, partial, full
 NAMES = ("dead (skipped)", "partial (masked inside)", "full")
 
 
+def _scalar(lengths) -> bool:
+    """One length (an int, numpy integer or 0-d tensor), not a batch of them."""
+    return not isinstance(lengths, (list, tuple)) and getattr(lengths, "ndim", 0) == 0
+
+
 def _as_lengths(lengths: Tensor | int | list[int]) -> Tensor:
-    L = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
-    if L.numel() == 0 or int(L.min()) < 0:
+    """(B,) int64 from one int, a list of ints or an integer tensor / array, each in [0, 2^31 - 1], checked
+    before any arithmetic (a float or bool is refused, not truncated)."""
+    if _scalar(lengths):
+        return torch.tensor([check_int(lengths, "lengths", high=INT32_MAX)])
+    if isinstance(lengths, (list, tuple)):
+        L = torch.tensor([check_int(n, f"lengths[{i}]", high=INT32_MAX) for i, n in enumerate(lengths)], dtype=torch.int64)
+    else:
+        L = torch.as_tensor(lengths).reshape(-1)
+        check_lengths(L)
+    if L.numel() == 0:
         raise ValueError(f"lengths must be one or more ints >= 0; got {lengths!r}")
-    return L
+    return L.to(torch.int64)
+
+
+def _check_T(T, L: Tensor) -> int:
+    """The padded length: max(lengths) by default; else an int in [max(lengths), 2^31 - 1]."""
+    longest = int(L.max())
+    if T is None:
+        return longest
+    T = check_int(T, "T", high=INT32_MAX, hint="the padded length, >= max(lengths)")
+    if T < longest:
+        raise ValueError(f"T={T} is shorter than the longest sequence ({longest}); pass T >= max(lengths)")
+    return T
 
 
 def row_bands(L: int, T: int, *, causal: bool = False, window: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
@@ -47,6 +72,7 @@ def row_bands(L: int, T: int, *, causal: bool = False, window: tuple[int, int] |
 
     Rows i >= L (padding) and rows with no key get hi_i < lo_i.
     """
+    L, T, window = check_int(L, "L", high=INT32_MAX), check_int(T, "T", high=MAX_REACH), check_window(window)
     i = torch.arange(T, dtype=torch.int64)
     lo = torch.zeros(T, dtype=torch.int64)
     hi = torch.full((T,), L - 1, dtype=torch.int64)
@@ -65,10 +91,9 @@ def pair_counts(lengths: Tensor | int | list[int], T: int | None = None, *, caus
 
     lengths: (B,) ints (or one int); T: the padded length (default: the longest).
     """
-    L, window = _as_lengths(lengths), check_window(window)
-    T = int(L.max()) if T is None else int(T)
-    if T < int(L.max()):
-        raise ValueError(f"T={T} is shorter than the longest sequence ({int(L.max())}); pass T >= max(lengths)")
+    L, window = _as_lengths(lengths), check_window(window)  # a reach past 2^62 is 2^62: i + reach stays in int64
+    T = _check_T(T, L)
+    Br, Bc = check_int(Br, "Br", low=1, high=INT32_MAX), check_int(Bc, "Bc", low=1, high=INT32_MAX)
     nq, nk = -(-T // Br), -(-T // Bc)
     k0 = torch.arange(nk, dtype=torch.int64) * Bc  # first key of each key block
     out = torch.zeros(len(L), nq, nk, dtype=torch.int64)
@@ -90,7 +115,7 @@ def tile_map(lengths: Tensor | int | list[int], T: int | None = None, *, causal:
     kinds = torch.full_like(counts, PARTIAL, dtype=torch.int8)
     kinds[counts == 0] = DEAD
     kinds[counts == Br * Bc] = FULL
-    return kinds[0] if isinstance(lengths, int) else kinds
+    return kinds[0] if _scalar(lengths) else kinds
 
 
 @dataclass(frozen=True)
@@ -119,7 +144,7 @@ def tile_stats(lengths: Tensor | int | list[int], T: int | None = None, *, causa
                window: tuple[int, int] | None = None, Br: int = Br, Bc: int = Bc) -> TileStats:
     """Counts of :func:`tile_map`'s tiles and of the pairs each kind of kernel computes (see :class:`TileStats`)."""
     L = _as_lengths(lengths)
-    T = int(L.max()) if T is None else int(T)
+    T = _check_T(T, L)
     counts = pair_counts(L, T, causal=causal, window=window, Br=Br, Bc=Bc)
     nq, nk = counts.shape[1:]
     rows = (L[:, None] - torch.arange(nq) * Br).clamp(0, Br)  # real query rows per block (B, nq)

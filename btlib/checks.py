@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
-from .padding import check_cu_seqlens, check_lengths
+from .padding import INT32_MAX, check_cu_seqlens, check_int, check_lengths
 
-__all__ = ["check_padded_inputs", "check_varlen_inputs", "check_window", "window_reach"]
+__all__ = ["check_padded_inputs", "check_varlen_inputs", "check_window", "window_reach", "check_int", "INT32_MAX",
+           "MAX_REACH"]
+
+# A window reach past any possible sequence is no limit: stored as 2^62, so that i +- reach stays in int64
+# for every position i a tensor can have (what sys.maxsize would overflow, and 2^63 does not fit at all).
+MAX_REACH = 2**62
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -45,7 +48,9 @@ def check_window(window) -> tuple[int, int] | None:
     """A local attention window as (left, right) ints >= 0, or None (global attention).
 
     Query i may attend key j iff i - left <= j <= i + right; ModernBERT's local layers use
-    (64, 64), a 129-key band. Raises TypeError / ValueError saying what to pass.
+    (64, 64), a 129-key band. Each reach is an int, numpy integer or 0-d integer tensor (not a
+    bool); one above :data:`MAX_REACH` (2^62, e.g. sys.maxsize) is the same band and is returned as
+    MAX_REACH. Raises TypeError / ValueError saying what to pass.
     """
     if window is None:
         return None
@@ -54,12 +59,8 @@ def check_window(window) -> tuple[int, int] | None:
         raise TypeError(f"window must be a (left, right) tuple or None; got {type(window).__name__} {window!r}: {hint}")
     if len(window) != 2:
         raise ValueError(f"window must have 2 entries (left, right); got {len(window)}: {window!r}: {hint}")
-    for name, w in zip(("left", "right"), window):
-        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
-            raise TypeError(f"window {name} must be an int; got {type(w).__name__} {w!r}: {hint}")
-        if w < 0:
-            raise ValueError(f"window {name} must be >= 0; got {int(w)}: {hint}")
-    return int(window[0]), int(window[1])
+    left, right = (min(check_int(w, f"window {name}", hint=hint), MAX_REACH) for name, w in zip(("left", "right"), window))
+    return left, right
 
 
 def window_reach(window) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_window
-from .padding import check_lengths
+from .padding import INT32_MAX, check_int, check_lengths
 
 __all__ = ["uniform_lengths", "zipf_lengths", "batch_lengths", "PaddingStats", "padding_stats",
            "attention_pairs", "attention_flops"]
@@ -34,10 +34,9 @@ def uniform_lengths(B: int, T: int, padding: float, *, seed: int = 0, full_row: 
 
     Example: uniform_lengths(4, 8, 0.5) -> 16 real tokens out of 32, e.g. [8, 3, 2, 3].
     """
+    B, T, seed = check_int(B, "B", low=1), check_int(T, "T", low=1, high=INT32_MAX), check_int(seed, "seed")
     if not 0.0 <= padding < 1.0:
         raise ValueError(f"padding must be in [0, 1); got {padding}")
-    if B < 1 or T < 1:
-        raise ValueError(f"B and T must be >= 1; got B={B}, T={T}")
     target = max(B, round((1.0 - padding) * B * T))
     if full_row and B == 1 and target != T:
         raise ValueError("with B=1 and full_row=True the only padding fraction is 0; pass full_row=False")
@@ -71,6 +70,7 @@ def zipf_lengths(B: int, T: int, *, alpha: float = 1.2, seed: int = 0) -> Tensor
 
     Lengths longer than T are truncated to T, as a tokenizer with max_length=T would.
     """
+    B, T, seed = check_int(B, "B", low=1), check_int(T, "T", low=1, high=INT32_MAX), check_int(seed, "seed")
     if alpha <= 1.0:
         raise ValueError(f"alpha must be > 1 for a Zipf distribution; got {alpha}")
     rng = np.random.default_rng(seed)
@@ -111,6 +111,8 @@ def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1)
     Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff.
     Per sequence of length L and layer: QK^T and PV, 4 L^2 d (summed over heads).
     """
+    d_model, d_ff, num_layers = (check_int(v, n) for v, n in ((d_model, "d_model"), (d_ff, "d_ff"),
+                                                                (num_layers, "num_layers")))
     L = lengths.double()
     per_token = 8 * d_model**2 + 4 * d_model * d_ff
     return float(num_layers * (per_token * L.sum() + 4 * d_model * (L**2).sum()))
@@ -143,6 +145,7 @@ def attention_flops(lengths: Tensor, H: int, D: int, *, causal: bool = False, wi
     element. Without a window and causal this is 4 H D sum(L_i^2); with a window (left, right) it
     is about 4 H D sum_i L_i min(L_i, left + right + 1): what a kernel that skips masked tiles needs.
     """
+    H, D = check_int(H, "H"), check_int(D, "D")
     return 4.0 * H * D * attention_pairs(lengths, causal=causal, window=window)
 
 
@@ -157,7 +160,7 @@ def padding_stats(
     check_lengths(lengths)
     if lengths.numel() == 0:
         raise ValueError("lengths is empty: a batch of 0 sequences has no padding statistics")
-    T = int(lengths.max()) if T is None else T
+    T = int(lengths.max()) if T is None else check_int(T, "T", hint="the padded length, >= max(lengths)")
     check_lengths(lengths, T=T)
     if T == 0:
         raise ValueError("every length is 0 and T is 0: a batch with no token slots has no padding fraction; "

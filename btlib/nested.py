@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from .padding import Packed, check_cu_seqlens, pack
+from .padding import Packed, check_cu_seqlens, check_int, pack
 
 __all__ = ["packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded"]
 
@@ -75,7 +75,7 @@ def nested_to_padded(nt: Tensor, T: int | None = None, fill: float = 0.0) -> Ten
     """
     tokens, cu_seqlens, max_seqlen = nested_to_packed(nt)
     # Always pass the size: without it, to_padded_tensor may pad to a cached bound, not the longest sequence.
-    T = max_seqlen if T is None else T
+    T = max_seqlen if T is None else check_int(T, "T", hint="the padded length, >= the longest sequence")
     if T < max_seqlen:
         raise ValueError(f"T={T} is shorter than the longest sequence ({max_seqlen}); nested_to_padded does not truncate. "
                          f"Pass T >= {max_seqlen} (or T=None), or cut the sequences before nesting them")

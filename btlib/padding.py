@@ -18,6 +18,7 @@ Mask convention: ``padding_mask`` is True at padding, as nn.TransformerEncoder's
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -34,7 +35,11 @@ __all__ = [
     "check_lengths",
     "check_cu_seqlens",
     "zero_padded_rows",
+    "check_int",
+    "INT32_MAX",
 ]
+
+INT32_MAX = 2**31 - 1  # cu_seqlens are int32: no sequence (and no packed batch) holds more tokens
 
 
 class Packed(NamedTuple):
@@ -49,14 +54,37 @@ class Packed(NamedTuple):
         return cu_seqlens_to_lengths(self.cu_seqlens)
 
 
+def check_int(value, name: str, *, low: int = 0, high: int | None = None, hint: str = "") -> int:
+    """``value`` as a Python int: an int, a numpy integer or a 0-d integer tensor; bool refused.
+
+    Raises TypeError (not an integer) or ValueError (outside [low, high]) naming ``name``, before any
+    arithmetic could overflow or truncate. ``hint`` ends the message (what to pass).
+    Example: check_int(np.int64(8), "batch_size", low=1) -> 8; check_int(2.5, "T") raises TypeError.
+    """
+    hint = f"; {hint}" if hint else ""
+    is_bool = isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool)
+    if is_bool or (isinstance(value, Tensor) and value.dim() != 0):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}{hint}")
+    try:
+        v = operator.index(value)  # int, numpy integers, 0-d integer tensors; not floats, strings or numpy bools
+    except TypeError:
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}{hint}") from None
+    if v < low:
+        raise ValueError(f"{name} must be >= {low}; got {v}{hint}")
+    if high is not None and v > high:
+        raise ValueError(f"{name} must be <= {high}; got {v}{hint}")
+    return v
+
+
 def check_lengths(lengths: Tensor, T: int | None = None, B: int | None = None) -> None:
     """Raise a ValueError/TypeError that says what to fix if ``lengths`` is not a valid (B,) int tensor."""
     if not isinstance(lengths, Tensor):
         raise TypeError(f"lengths must be a torch.Tensor of integers; got {type(lengths).__name__}")
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (B,); got shape {tuple(lengths.shape)}")
-    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must be an integer tensor (int32/int64); got {lengths.dtype}")
+    T = None if T is None else check_int(T, "T", hint="the padded length, an int >= every length")
     if B is not None and lengths.numel() != B:
         raise ValueError(f"lengths has {lengths.numel()} entries but the batch has B={B}")
     if lengths.numel() == 0:
@@ -64,6 +92,8 @@ def check_lengths(lengths: Tensor, T: int | None = None, B: int | None = None) -
     lo, hi = int(lengths.min()), int(lengths.max())
     if lo < 0:
         raise ValueError(f"lengths must be >= 0; got {lo}")
+    if hi > INT32_MAX:
+        raise ValueError(f"lengths must be <= {INT32_MAX} (int32 cu_seqlens address no longer sequence); got {hi}")
     if T is not None and hi > T:
         raise ValueError(
             f"lengths must be <= the padded length T={T}; got {hi}. "
@@ -88,8 +118,9 @@ def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None, max_seqlen: i
     if total is not None and int(cu_seqlens[-1]) != total:
         raise ValueError(f"cu_seqlens[-1] = {int(cu_seqlens[-1])} must equal the number of packed tokens ({total})")
     if max_seqlen is not None:
+        max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX, hint="pass max(lengths), a Python int")
         longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-        if int(max_seqlen) < longest:
+        if max_seqlen < longest:
             raise ValueError(f"max_seqlen={max_seqlen} is less than the longest sequence ({longest}); pass max(lengths)")
 
 
@@ -98,7 +129,7 @@ def lengths_to_padding_mask(lengths: Tensor, T: int | None = None) -> Tensor:
 
     Example: lengths [2, 4, 3], T=4 -> [[F, F, T, T], [F, F, F, F], [F, F, F, T]]
     """
-    T = int(lengths.max()) if T is None and lengths.numel() else (T or 0)
+    T = (int(lengths.max()) if lengths.numel() else 0) if T is None else check_int(T, "T")
     check_lengths(lengths, T)
     return ~_valid(lengths, T)
 
@@ -179,7 +210,7 @@ def unpack(tokens: Tensor, cu_seqlens: Tensor, T: int | None = None, fill: float
     """
     check_cu_seqlens(cu_seqlens, total=tokens.shape[0])
     lengths = cu_seqlens_to_lengths(cu_seqlens)
-    T = (int(lengths.max()) if lengths.numel() else 0) if T is None else T
+    T = (int(lengths.max()) if lengths.numel() else 0) if T is None else check_int(T, "T")
     check_lengths(lengths, T=T)
     return _unpack(tokens, lengths.to(tokens.device), T, fill)
 

@@ -16,6 +16,12 @@ outliers into the weights; a = 1 without calibration. Attention, LayerNorm, GELU
 stay fp32. Per-token activation scales, not ORT's one scale per tensor: a token whose hidden
 state has a large outlier no longer squeezes every other token's resolution.
 
+NaN and inf: a token whose input holds NaN or inf is recomputed in fp32 from the fp32 weight (kept by
+reference, not copied: the int8 encoder shares the fp32 layers anyway), so it comes out exactly as
+fp32's (NaN, +-inf, and relu(-inf) = 0 where fp32 has them). Autograd: rounding to int8 has no useful
+gradient and the int8 weights are buffers, so a call that autograd would record (grad mode on, an
+input or parameter requiring grad) raises; run under torch.inference_mode() / torch.no_grad().
+
 Why torch._int_mm: measured on torch 2.13 CPU (AMD EPYC with AVX-512 VNNI, 2 threads, best of 20), in
 GFLOP/s (GOP/s for int8) of a whole (4096, 384) x (384, 1152) linear: fp32 F.linear 198; fbgemm's
 quantized.linear_dynamic 1280 and oneDNN's 1506 (one activation scale per *tensor*, so an embedding
@@ -42,6 +48,7 @@ from torch import Tensor, nn
 from .attention import varlen_attention
 from .device import SlowPrecisionWarning
 from .packed_encoder import PackedEncoder
+from .padding import check_int
 
 __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kernels", "int8_gemm_gflops", "int8_slow_reason",
            "warn_if_slow_int8", "LINEARS"]
@@ -75,20 +82,31 @@ def kernels():
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: x (M, K) float -> (q (M, K) int8, s (M, 1) float32) with x ~ q * s."""
-    s = x.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127.0)  # (M, 1)
-    return torch.div(x, s).round_().to(torch.int8), s
+    """Symmetric per-row int8: x (M, K) float -> (q (M, K) int8, s (M, 1) float32) with x ~ q * s.
+
+    A row holding NaN or inf gets a non-finite s (NaN or inf) and q = 0 there (casting NaN to int8 is undefined).
+    """
+    s = x.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127.0)  # (M, 1); amax and clamp keep NaN
+    return torch.div(x, s).round_().nan_to_num_(0.0, 0.0, 0.0).to(torch.int8), s
+
+
+_NO_GRAD = ("int8 has no backward (rounding to int8 has no useful gradient, and the int8 weights are buffers): "
+            "call it under torch.inference_mode() or torch.no_grad(), or compute gradients with the fp32 model")
 
 
 class Int8Linear(nn.Module):
     """y = act(x W^T + b) with int8 W (per output channel) and x quantised per token on every call.
 
     weight: (N, K) float, bias: (N,) or None; smooth: (K,) SmoothQuant scales a (None: no smoothing);
-    activation: None, "gelu" or "relu", applied in fp32 after the rescale.
+    activation: None, "gelu" or "relu", applied in fp32 after the rescale. ``weight`` stays referenced (a
+    non-persistent buffer, shared with the caller's fp32 weight): tokens holding NaN or inf run on it.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, smooth: Tensor | None = None, activation: str | None = None):
         super().__init__()
+        if not bool(torch.isfinite(weight).all()):
+            raise ValueError("Int8Linear: weight holds NaN or inf, which no per-channel int8 scale can represent; "
+                             "fix the checkpoint (fp32 would give NaN/inf in those output channels for every token)")
         w = weight.detach().float()
         if smooth is not None:
             w = w * smooth  # x W^T = (x / a)(W a)^T
@@ -97,10 +115,13 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_scale", w_scale.view(-1))  # (N,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth).float())
+        self.register_buffer("weight_fp32", weight.detach().float(), persistent=False)  # (N, K), fp32: no copy
         self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: (M, K) float32 -> (M, N) float32."""
+        """x: (M, K) float32 -> (M, N) float32. Raises ValueError where autograd would record the call."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError(f"Int8Linear: x requires grad, but {_NO_GRAD}")
         k = kernels()
         if k is None:
             return self._forward_torch(x)
@@ -115,17 +136,27 @@ class Int8Linear(nn.Module):
                 torch.ops.aten.gelu_(yi)
             elif self.activation == "relu":
                 yi.relu_()
-        return y
+        return self._nonfinite_rows(x, s, y)
 
     def _forward_torch(self, x: Tensor) -> Tensor:
-        if self.inv_smooth is not None:
-            x = x * self.inv_smooth
-        xq, s = quantize_rows(x)  # (M, K) int8, (M, 1)
+        xs = x * self.inv_smooth if self.inv_smooth is not None else x
+        xq, s = quantize_rows(xs)  # (M, K) int8, (M, 1)
         y = torch.mul(torch._int_mm(xq, self.qweight_t), self.w_scale)  # int32 (M, N) -> float32, times w_n
         y = torch.addcmul(self.bias, y, s, out=y) if self.bias is not None else y.mul_(s)  # * s_m + b
+        return self._nonfinite_rows(x, s, self._activation(y))
+
+    def _activation(self, y: Tensor) -> Tensor:
         if self.activation == "gelu":
             return F.gelu(y)
         return F.relu(y) if self.activation == "relu" else y
+
+    def _nonfinite_rows(self, x: Tensor, s: Tensor, y: Tensor) -> Tensor:
+        """y with the rows whose scale s is not finite (their x holds NaN or inf) recomputed in fp32, so NaN
+        and inf propagate exactly as in fp32. Costs one check of the (M,) scales on clean inputs."""
+        bad = ~torch.isfinite(s.view(-1))
+        if bool(bad.any()):
+            y[bad] = self._activation(F.linear(x[bad], self.weight_fp32, self.bias))
+        return y
 
 
 _EMPTY = torch.empty(0)
@@ -151,6 +182,12 @@ class Int8PackedEncoder(PackedEncoder):
         # {layer index: linears kept fp32}, e.g. {3: ("linear2",)}
         self.kept_fp32 = {i: tuple(n for n in LINEARS if n not in q) for i, q in enumerate(qlinears) if len(q) < len(LINEARS)}
         self._q = {id(layer): q for layer, q in zip(self.layers, qlinears)}
+
+    def _layers(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            raise ValueError(f"the int8 encoder was called with autograd recording (an input or a shared fp32 "
+                             f"parameter requires grad, grad mode on), but {_NO_GRAD}")
+        return super()._layers(x, cu_seqlens, max_seqlen)
 
     def _attention(self, layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int,
                    *kernel) -> Tensor:
@@ -189,6 +226,10 @@ def quantize(packed: PackedEncoder, *, keep_fp32: dict[int, tuple[str, ...]] | t
     """
     if packed.layers[0].linear1.weight.dtype != torch.float32:
         raise ValueError(f"quantize takes an fp32 PackedEncoder; got {packed.layers[0].linear1.weight.dtype}")
+    if not isinstance(keep_fp32, tuple):  # {layer index: names}: an index out of range would be ignored silently
+        n = len(packed.layers)
+        keep_fp32 = {check_int(i, "keep_fp32 layer index", high=n - 1, hint=f"the encoder has {n} layers"): v
+                     for i, v in keep_fp32.items()}
     bad = set(keep_fp32 if isinstance(keep_fp32, tuple) else [n for v in keep_fp32.values() for n in v]) - set(LINEARS)
     if bad:
         raise ValueError(f"keep_fp32 names linears among {LINEARS}; got {sorted(bad)}")

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_window
-from .padding import cu_seqlens_to_lengths, pack, unpack
+from .padding import INT32_MAX, check_int, cu_seqlens_to_lengths, pack, unpack
 
 __all__ = ["reference_attention", "reference_varlen_attention", "allowed_mask", "naive_attention"]
 
@@ -201,7 +201,7 @@ def reference_varlen_attention(
     within each sequence (token i of a sequence attends its tokens i - left .. i + right).
     """
     lengths = cu_seqlens_to_lengths(cu_seqlens)
-    T = max(int(max_seqlen), 1)
+    T = max(check_int(max_seqlen, "max_seqlen", high=INT32_MAX), 1)
     padded = [unpack(x, cu_seqlens, T).transpose(1, 2) for x in (q, k, v)]  # (B, H, T, D)
     out = reference_attention(*padded, lengths=lengths, causal=causal, window=window, scale=scale)
     return pack(out.transpose(1, 2), lengths).tokens

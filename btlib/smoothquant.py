@@ -19,13 +19,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .packed_encoder import PackedEncoder
+from .padding import check_int
 from .quant import LINEARS, Int8PackedEncoder, quantize
 
 __all__ = ["calibrate", "sensitivity", "quantize_auto", "CALIBRATION_TEXTS"]
 
 
 class _Recorder(PackedEncoder):
-    """The same layers, recording max |x_k| of every linear's input (FFN unfused so its activation is seen)."""
+    """The same layers, recording max |x_k| of every linear's input (FFN unfused so its activation is seen).
+
+    Records in this object only: no hook on the shared layers, whose every caller would fire it (a forward
+    hook on out_proj let another thread's concurrent forward, e.g. its sensitivity pass, into these maxima).
+    """
 
     def __init__(self, packed: PackedEncoder):
         super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first)
@@ -35,13 +40,15 @@ class _Recorder(PackedEncoder):
         m, seen = x.detach().abs().amax(0).float(), self.stats[id(layer)]
         seen[name] = torch.maximum(seen[name], m) if name in seen else m
 
-    def _attention(self, layer, x, cu_seqlens, max_seqlen, *kernel):
+    def _attention(self, layer, x, cu_seqlens, max_seqlen, kernel):
+        # PackedEncoder._attention, with out_proj's input recorded between the attention and out_proj
         self.keep(layer, "qkv", x)
-        hook = layer.self_attn.out_proj.register_forward_pre_hook(lambda m, args: self.keep(layer, "out_proj", args[0]))
-        try:
-            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel)
-        finally:
-            hook.remove()
+        a = layer.self_attn
+        total, d = x.shape
+        q, k, v = F.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, a.num_heads, d // a.num_heads).unbind(1)
+        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None).reshape(total, d)  # (total, d)
+        self.keep(layer, "out_proj", o)
+        return F.linear(o, a.out_proj.weight, a.out_proj.bias)
 
     def _feed_forward(self, layer, x):
         self.keep(layer, "linear1", x)
@@ -106,6 +113,7 @@ def quantize_auto(packed: PackedEncoder, batches: list[tuple[Tensor, Tensor, int
     btlib.bench.pretrained (~820 texts): per-token int8 0.980; SmoothQuant alpha 0.5 0.9955 (0.4: 0.991,
     0.6: 0.995); plus layer 3's FFN output linear (the most sensitive of the 24) kept fp32: 0.9967.
     """
+    keep = check_int(keep, "keep", high=len(LINEARS) * len(packed.layers), hint="how many linears stay fp32")
     stats = calibrate(packed, batches)
     sens = sensitivity(packed, batches, stats, alpha)
     kept: dict[int, tuple[str, ...]] = {}

@@ -388,3 +388,56 @@ def test_texts_and_batch_size_are_checked_at_the_call(tmp_path):
     for bad in (True, np.bool_(True), np.float64(2.0)):
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             model.encode(texts, batch_size=bad)
+
+# Issue 22: the NaN policy on every backend "auto" can choose, with and without a window.
+
+@pytest.mark.parametrize("route", ["fp64", "fp16", "requires_grad", "head_dim 300"])
+@pytest.mark.parametrize("layout", ["padded", "varlen"])
+def test_nan_query_row_is_nan_on_every_auto_route(route, layout):
+    """auto sends these to torch_sdpa / torch_sdpa_loop, whose SDPA (CPU flash, no mask) returned a NaN query row as 0."""
+    dtype = {"fp64": torch.float64, "fp16": torch.float16}.get(route, torch.float32)
+    D = 300 if route == "head_dim 300" else 8
+    q, k, v = torch.randn(3, 6, 2, D).to(dtype)  # (total, H, D) each
+    q[2, 1, 0] = NAN
+    q, k, v = (x.requires_grad_(route == "requires_grad") for x in (q, k, v))
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    if layout == "padded":
+        out = btlib.attention(*(x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))).transpose(1, 2)[0]  # no lengths
+    else:
+        out = btlib.varlen_attention(q, k, v, cu, 6)
+    assert out[2, 1].isnan().all()  # was 0
+    assert not out[2, 0].isnan().any() and not out[:2].isnan().any() and not out[3:].isnan().any()
+
+
+@pytest.mark.parametrize("name", ["torch_sdpa", "torch_sdpa_loop", "reference", "reference_varlen"])
+@pytest.mark.parametrize("causal, window, rows", [(False, (1, 1), [3, 4, 5]), (True, (2, 0), [4, 5, 6]),
+                                                  (True, None, [4, 5, 6, 7])])
+def test_nan_key_reaches_only_the_rows_that_attend_it(name, causal, window, rows):
+    """With a window (or causal band), SDPA added its -inf mask to the NaN scores: the NaN reached every row."""
+    q, k, v = torch.randn(3, 8, 2, 4)  # (total, H, D): one sequence of 8
+    k[4, 0, 1] = NAN
+    kernel = registry.get(name)
+    if kernel.layout == "padded":
+        padded = [x.unsqueeze(0).transpose(1, 2) for x in (q, k, v)]
+        out = btlib.attention(*padded, lengths=torch.tensor([8]), causal=causal, window=window, backend=name)
+        out = out.transpose(1, 2)[0]
+    else:
+        out = btlib.varlen_attention(q, k, v, torch.tensor([0, 8], dtype=torch.int32), 8, causal=causal, window=window,
+                                     backend=name)
+    assert out[:, 0].isnan().any(-1).nonzero().view(-1).tolist() == rows  # was every row 0..7
+    assert not out[:, 1].isnan().any()
+    clean = k.clone()
+    clean[4, 0, 1] = 0.0
+    ref = btlib.reference_varlen_attention(q, clean, v, torch.tensor([0, 8], dtype=torch.int32), 8, causal=causal,
+                                           window=window)
+    others = [i for i in range(8) if i not in rows]
+    assert relative_error(out[others], ref[others]) < 1e-5  # the rows that never attend it are the clean answer
+
+
+def test_sdpa_nested_takes_inference_tensors():
+    """Packed tokens made inside inference_mode raised "Cannot set version_counter for inference tensor"."""
+    with torch.inference_mode():
+        q, k, v = torch.randn(3, 7, 2, 8)
+        cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+        out = btlib.varlen_attention(q, k, v, cu, 4, backend="torch_sdpa_nested")
+    assert relative_error(out, btlib.reference_varlen_attention(q, k, v, cu, 4)) < 1e-5

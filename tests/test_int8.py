@@ -1,5 +1,6 @@
 """btlib.quant: int8 linear layers, the int8 PackedEncoder, encode(precision="int8") and its accuracy target."""
 
+import threading
 import warnings
 
 import pytest
@@ -125,3 +126,81 @@ def test_encode_int8_within_cosine_0995_on_the_workbook_sentences(model):
 def test_bad_precision_names_raise(model, kw, match):
     with pytest.raises(ValueError, match=match):
         model.encode(["a"], **kw)
+
+
+# Autograd, NaN / inf, threads (issue 22) -----------------------------------------------------------------
+
+def test_int8_refuses_autograd():
+    """It used to run: input gradients at cosine 0.85 of fp32's (only the attention and residual paths), none for the weights."""
+    packed = PackedEncoder.from_module(_encoder())
+    q8 = quant.quantize(packed)
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    with pytest.raises(ValueError, match="int8 has no backward.*inference_mode"):
+        q8(x, torch.tensor([5, 3]))
+    with pytest.raises(ValueError, match="int8 has no backward"):  # the shared fp32 LayerNorms require grad
+        q8(x.detach(), torch.tensor([5, 3]))
+    with pytest.raises(ValueError, match="x requires grad"):
+        q8.qlinears[0]["qkv"](x[0])
+    with torch.no_grad():  # what the message says to do
+        assert q8(x, torch.tensor([5, 3])).shape == (2, 5, 64)
+
+
+@pytest.mark.parametrize("torch_ops", [False, True], ids=["cpp", "torch_ops"])
+@pytest.mark.parametrize("activation, smooth", [(None, False), ("gelu", True), ("relu", False)])
+def test_int8_nan_and_inf_propagate_as_in_fp32(torch_ops, activation, smooth, monkeypatch):
+    """The C++ quantizer turned NaN / inf into numbers (std::max drops NaN; NaN cast to int8 is undefined)."""
+    if torch_ops:
+        monkeypatch.setattr(quant, "kernels", lambda: None)
+    x, w, b, lin = _lin(6, 96, 40, activation, smooth)
+    w[3, 5] = 0.0  # a zero weight: inf * 0 is NaN in fp32
+    lin = quant.Int8Linear(w, b, lin.inv_smooth.reciprocal() if smooth else None, activation)
+    x[1, 5] = float("nan")
+    x[2, 5], x[3, 7] = float("inf"), float("-inf")
+    x[4, 5], x[4, 9] = float("inf"), float("-inf")  # inf - inf: NaN where both weights are non-zero
+    ref = {"gelu": F.gelu, "relu": F.relu}.get(activation, lambda t: t)(x @ w.T + b)
+    with torch.inference_mode():
+        out = lin(x)
+    bad = ~x.isfinite().all(1)
+    assert bad.tolist() == [False, True, True, True, True, False]
+    assert ref[bad].isnan().any() and ref[bad].isinf().any() and not ref[bad].isinf().all()
+    torch.testing.assert_close(out[bad], ref[bad], rtol=1e-6, atol=1e-6, equal_nan=True)  # NaN, +-inf, finite: fp32's
+    assert (out[~bad] - ref[~bad]).abs().max() < 0.02 * ref[~bad].abs().max()  # clean rows: int8 as before
+    assert out[1].isnan().all()  # a NaN token is NaN throughout, as in fp32
+
+
+def test_int8_refuses_non_finite_weights():
+    w = torch.randn(4, 8)
+    w[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="weight holds NaN or inf"):
+        quant.Int8Linear(w, None)
+
+
+def test_calibration_from_four_threads_at_once_gives_the_single_thread_answer():
+    """calibrate hooked the shared out_proj: another thread's forward (its sensitivity pass) landed in the maxima."""
+    packed = PackedEncoder.from_module(_encoder())
+    g = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    batches = [(torch.randn(20, 64, generator=g) * (i + 1), cu, 13) for i in range(4)]  # each thread its own scale
+    alone = [smoothquant.calibrate(packed, [b]) for b in batches]
+    probe = (torch.randn(20, 64, generator=g), cu, 13)
+    barrier = threading.Barrier(4)
+    got: list = [None] * 4
+
+    def run(i):
+        barrier.wait()
+        got[i] = [smoothquant.calibrate(packed, [batches[i]]) for _ in range(3)]
+        if i == 0:
+            with torch.inference_mode():
+                got[i].append(smoothquant.quantize_auto(packed, [batches[i]]).forward_packed(*probe))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        for stats in got[i][:3]:
+            assert all(torch.equal(s[n], a[n]) for s, a in zip(stats, alone[i]) for n in quant.LINEARS)
+    with torch.inference_mode():
+        one = smoothquant.quantize_auto(packed, [batches[0]]).forward_packed(*probe)
+    assert torch.equal(got[0][3], one)  # quantize_auto (calibrate + sensitivity) beside three calibrations

@@ -3,8 +3,11 @@
 Every CPU kernel the registry has here (PyTorch's and the C++ ones) and ``backend="auto"``, on
 B 1-4, H 1-3, T 1-70, D in {1, 8, 24, 64}, lengths from 0 to T, causal on and off. What holds:
 - values: relative error to the reference <= the kernel's registered tolerance; padded rows exactly 0;
-- NaN/inf in padding changes nothing; NaN in a real position makes exactly the rows that attend
-  it NaN (other rows and sequences unchanged);
+- NaN/inf in padding changes nothing; NaN in a real position makes the rows that attend it NaN:
+  a query its own row, a key exactly the rows whose band (sequence, causal, window) holds it, a value
+  those rows and possibly the rest of its (sequence, head) (0 * NaN in P V, as the reference);
+  every other row is the reference's. With and without a window, on every kernel and on every route
+  of backend="auto" (fp32, fp64, fp16, inputs that require grad, head_dim > 256; padded and varlen);
 - gradients (grad on): equal the reference's autograd gradients, or the call raises.
 Hypothesis keeps no example database (no writes outside build/) and is derandomized, so a CI
 failure reproduces; `pytest --hypothesis-show-statistics` prints the examples run per test.
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 import btlib
 from btlib.kernels import kernels, registry, relative_error
+from btlib.reference import allowed_mask
 
 FAST = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
@@ -149,45 +153,123 @@ def test_nan_inf_in_padding_changes_nothing(name, p):
     assert relative_error(out, ref) <= _tol(name, "padded", q)
 
 
-def _touched(case, where, value):
-    """(B, H, T) bool rows that read the poisoned position, and the rows whose output must then be NaN."""
+def _touched(case, where, value, window=None):
+    """(B, H, T) bool rows allowed to differ from the clean reference, and the rows that must be NaN.
+
+    q: its own row. k: exactly the rows that attend that key (its window, causal band and sequence);
+    every other row is the reference's. v: the rows that attend it must be NaN; the other rows of that
+    (sequence, head) may be too (0 * NaN in P V, as in PyTorch's math and the reference).
+    """
     B, H, T, D, lengths, causal, seed = case
     which, b, h, t, d = where
+    L = torch.tensor(lengths)
+    real = torch.arange(T) < L[b]
+    attends = allowed_mask(B, T, T, lengths=L, causal=causal, window=window)
+    attends = (torch.ones(T, dtype=torch.bool) if attends is None else attends[b, 0, :, t].expand(T)) & real  # (T,)
     touched = torch.zeros(B, H, T, dtype=torch.bool)
     must = torch.zeros(B, H, T, dtype=torch.bool)
-    rows = torch.arange(T)
     if which == "q":
         touched[b, h, t] = True
         must[b, h, t] = value != value
-    else:  # a key or value: every real row of that (sequence, head); with causal, the NaN must reach rows >= t
-        touched[b, h] = rows < lengths[b]
-        must[b, h] = (rows < lengths[b]) & (rows >= t if causal else True) & (value != value)
+    else:
+        touched[b, h] = attends if which == "k" else real
+        must[b, h] = attends & (value != value)
     return touched, must
 
 
-@pytest.mark.parametrize("name", PADDED)
-@FAST
-@given(p=poisoned(real=True))
-def test_nan_inf_in_a_real_position_propagates(name, p):
-    """NaN reaches every row that attends it; inf may turn those rows NaN (inf - inf, inf * 0), as in PyTorch;
-    every other row is the reference's, and no finite value differs from it."""
-    case, where, value = p
-    B, H, T, D, lengths, causal, seed = case
-    assume(_causal_ok(name, "padded", causal))
-    (q, k, v), _ = _poison(case, where, value)
-    L = torch.tensor(lengths)
-    with torch.inference_mode():
-        out = btlib.attention(q, k, v, lengths=L, causal=causal, backend=name)
-    ref = btlib.reference_attention(q, k, v, lengths=L, causal=causal)
-    touched, must = _touched(case, where, value)
-    assert out.isnan().any(-1)[must].all()  # NaN rows stay NaN
-    tol = _tol(name, "padded", q)
+def _holds_policy(out, ref, touched, must, lengths, tol):
+    """out, ref: (B, H, T, D). NaN rows stay NaN; untouched rows finite and the reference's; finite values agree."""
+    B, H, T, D = out.shape
+    out, ref = out.detach().double(), ref.detach().double()
+    assert out.isnan().any(-1)[must].all()
     assert out[~touched].isfinite().all() and relative_error(out[~touched], ref[~touched]) <= tol
     both = out.isfinite() & ref.isfinite()
     scale = ref[ref.isfinite()].abs().max().clamp_min(1e-30) if ref.isfinite().any() else 1.0
     assert ((out - ref).abs()[both] <= tol * scale).all()
-    pad = torch.arange(T).view(1, T) >= L.view(B, 1)
+    pad = torch.arange(T).view(1, T) >= torch.tensor(lengths).view(B, 1)
     assert torch.equal(out.transpose(1, 2)[pad], torch.zeros_like(out.transpose(1, 2)[pad]))
+
+
+def _lengths_or_none(lengths, T):
+    """None where every sequence is full: SDPA then runs without a mask (its flash path), which departs most."""
+    return None if all(n == T for n in lengths) else torch.tensor(lengths)
+
+
+def _window_ok(name, window):
+    return window is None or name == "auto" or registry.get(name).window
+
+
+maybe_window = st.one_of(st.none(), st.tuples(st.integers(0, 80), st.integers(0, 80)))
+
+
+@pytest.mark.parametrize("name", PADDED)
+@FAST
+@given(p=poisoned(real=True), window=maybe_window)
+def test_nan_inf_in_a_real_position_propagates(name, p, window):
+    """NaN reaches every row that attends it; inf may turn those rows NaN (inf - inf, inf * 0), as in PyTorch;
+    every other row is the reference's, and no finite value differs from it. With and without a window."""
+    case, where, value = p
+    B, H, T, D, lengths, causal, seed = case
+    assume(_causal_ok(name, "padded", causal) and _window_ok(name, window))
+    (q, k, v), _ = _poison(case, where, value)
+    L = _lengths_or_none(lengths, T)
+    with torch.inference_mode():
+        out = btlib.attention(q, k, v, lengths=L, causal=causal, window=window, backend=name)
+    ref = btlib.reference_attention(q, k, v, lengths=L, causal=causal, window=window)
+    _holds_policy(out, ref, *_touched(case, where, value, window), lengths, _tol(name, "padded", q))
+
+
+def _varlen_call(name, q, k, v, lengths, causal, window):
+    """Pack padded (B, H, T, D) inputs, run varlen ``name``, repad: (B, H, T, D) output, as the padded tests see it."""
+    L = torch.tensor(lengths)
+    packed = [btlib.pack(x.transpose(1, 2), L).tokens for x in (q, k, v)]  # (total, H, D)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    out = btlib.varlen_attention(*packed, cu, max_seqlen, causal=causal, window=window, backend=name)
+    return btlib.unpack(out, cu, q.shape[2]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("name", VARLEN)
+@FAST
+@given(p=poisoned(real=True), window=maybe_window)
+def test_varlen_nan_inf_in_a_real_position_propagates(name, p, window):
+    case, where, value = p
+    B, H, T, D, lengths, causal, seed = case
+    assume(_causal_ok(name, "varlen", causal) and _window_ok(name, window))
+    (q, k, v), _ = _poison(case, where, value)
+    with torch.inference_mode():
+        out = _varlen_call(name, q, k, v, lengths, causal, window)
+    ref = btlib.reference_attention(q, k, v, lengths=torch.tensor(lengths), causal=causal, window=window)
+    _holds_policy(out, ref, *_touched(case, where, value, window), lengths, _tol(name, "varlen", out))
+
+
+# Every route of backend="auto": the C++ kernels take fp32/bf16 inference with head_dim <= 256; fp64, fp16,
+# inputs that require grad and head_dim > 256 go to PyTorch's SDPA (padded) and the SDPA loop (varlen).
+ROUTES = {"fp32": (torch.float32, 8, False), "fp64": (torch.float64, 8, False), "fp16": (torch.float16, 8, False),
+          "requires_grad": (torch.float32, 8, True), "head_dim 264": (torch.float32, 264, False)}
+
+
+@pytest.mark.parametrize("layout", ["padded", "varlen"])
+@pytest.mark.parametrize("route", ROUTES)
+@settings(FAST, max_examples=15)
+@given(p=poisoned(real=True), window=maybe_window)
+def test_nan_policy_on_every_auto_route(layout, route, p, window):
+    dtype, D, grad = ROUTES[route]
+    (B, H, T, _, lengths, causal, seed), where, value = p
+    case = (B, H, T, D, lengths, causal, seed)
+    where = (*where[:4], where[4] % D)
+    (q, k, v), _ = _poison(case, where, value)
+    q, k, v = (x.to(dtype).requires_grad_(grad) for x in (q, k, v))
+    chosen = registry.select(layout, q if layout == "padded" else q[0].transpose(0, 1), causal, needs_grad=grad,
+                             window=window)
+    assert (chosen.backend == "torch") == (route != "fp32")  # the route under test is the one taken
+    with torch.set_grad_enabled(grad):
+        if layout == "padded":
+            out = btlib.attention(q, k, v, lengths=_lengths_or_none(lengths, T), causal=causal, window=window)
+        else:
+            out = _varlen_call("auto", q, k, v, lengths, causal, window)
+    ref = btlib.reference_attention(q.detach(), k.detach(), v.detach(), lengths=torch.tensor(lengths), causal=causal,
+                                    window=window)
+    _holds_policy(out, ref, *_touched(case, where, value, window), lengths, 1e-2 if dtype == torch.float16 else 1e-5)
 
 
 # Local windows -----------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@
 - torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal, no window; math path on CPU).
 
 All are PyTorch ops, so autograd differentiates them (``differentiable=True``): they are what
-``backend="auto"`` falls back to when the inputs require grad.
+``backend="auto"`` falls back to when the inputs require grad (and for fp64, fp16, head_dim > 256).
+torch_sdpa and torch_sdpa_loop call SDPA through :func:`_sdpa`, which holds SDPA to the reference's NaN
+policy where SDPA alone departs from it (a NaN query row, a NaN key under a band mask).
 """
 
 from __future__ import annotations
@@ -33,6 +35,47 @@ def _real(lengths: Tensor, T: int) -> Tensor:
     return (torch.arange(T, device=lengths.device).view(1, T) < lengths.view(-1, 1)).view(-1, 1, T, 1)
 
 
+def _maybe_nonfinite(x: Tensor) -> bool:
+    """False when x surely holds no NaN or inf: its sum is finite. One reduction: ~0.1 ms for a (8, 12, 128, 64)
+    fp32 q against SDPA's ~8 ms on it; a per-row isnan(q).any(-1) took 5 ms (2-core Zen 3, shared, noisy).
+    A sum that overflows (fp16) reads True: the exact check runs then."""
+    return not bool(x.detach().sum().isfinite())
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None,
+          band: bool) -> Tensor:
+    """F.scaled_dot_product_attention with btlib.reference_attention's NaN policy.
+
+    q: (..., T, D); k, v: (..., S, D); mask: bool broadcastable to (..., T, S), True = may attend, holding
+    the causal band and window if any; None: no mask (``causal`` is then SDPA's is_causal);
+    band: a causal band or a window hides real keys, and k may hold NaN or inf (False: k is known finite,
+    or every real key is attended). Two departures of SDPA alone, both fixed here:
+    - a query row holding NaN comes out as 0 from SDPA's CPU flash kernel (taken without a mask: every
+      score of the row is NaN and it reads the row as fully masked); the reference gives NaN, as does
+      every btlib kernel. Cost on clean inputs: one sum of q (on the CPU; elsewhere, to avoid a host
+      sync, a per-row isnan of q and a select over the output).
+    - SDPA adds its -inf mask to the scores (so does its math path for is_causal), and NaN + -inf is NaN:
+      a NaN (or inf) key reaches every row of its sequence, also the rows a causal band or a window keeps
+      from it. With ``band``, k is checked (one sum, one host sync); only if a key is non-finite, a second
+      SDPA with those keys zeroed gives the rows that attend none of them (twice the work, on such inputs only).
+    """
+    nan_rows_possible = q.device.type != "cpu" or _maybe_nonfinite(q)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    if band and _maybe_nonfinite(k):
+        bad = ~torch.isfinite(k).all(-1)  # (..., S): keys whose scores are non-finite
+        if bool(bad.any()):
+            if mask is None:
+                mask = allowed_mask(1, q.shape[-2], k.shape[-2], causal=True, device=q.device)[0, 0]  # (T, S)
+            clean = F.scaled_dot_product_attention(q, torch.where(bad.unsqueeze(-1), 0.0, k), v, attn_mask=mask,
+                                                   scale=scale)
+            hits = (mask & bad.unsqueeze(-2)).any(-1, keepdim=True)  # (..., T, 1): rows attending a bad key
+            out = torch.where(hits, out, clean)
+    if not nan_rows_possible:
+        return out
+    has_key = mask.any(-1, keepdim=True) if mask is not None else k.shape[-2] > 0  # a row with no key stays 0
+    return torch.where(q.isnan().any(-1, keepdim=True) & has_key, out.new_full((), float("nan")), out)
+
+
 def reference(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None, window=None) -> Tensor:
     return reference_attention(q, k, v, lengths=lengths, causal=causal, window=window, scale=scale).to(q.dtype)
 
@@ -41,9 +84,9 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     B, _, T, _ = q.shape
     if lengths is None:
         if window is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            return _sdpa(q, k, v, None, causal, scale, band=causal)
         mask = allowed_mask(B, T, k.shape[2], causal=causal, window=window, device=q.device)  # (1, 1, T, S) band
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return _sdpa(q, k, v, mask, causal, scale, band=True)
     # Padding must not matter, whatever it holds: SDPA adds its -inf mask to the scores (NaN + -inf
     # is NaN) and multiplies V by probabilities (0 * NaN is NaN), so NaN or inf in a padded key or
     # value would reach real rows. torch.where (not a multiply) replaces padding by 0; it also
@@ -53,7 +96,7 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     real_k = _real(lengths, k.shape[2])
     k, v = torch.where(real_k, k, zero), torch.where(real_k, v, zero)
     mask = allowed_mask(B, T, k.shape[2], lengths=lengths, causal=causal, window=window, device=q.device)  # (B, 1, T|1, S)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out = _sdpa(q, k, v, mask, causal, scale, band=causal or window is not None)
     return torch.where(_real(lengths, T), out, zero)  # padded query rows: exactly 0
 
 
@@ -64,15 +107,17 @@ def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=Non
 def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None) -> Tensor:
     outs = []
     bounds = cu_seqlens.tolist()
+    # one finiteness check of all keys, not one host sync per sequence (_sdpa checks each sequence only if it fails)
+    band = (causal or window is not None) and _maybe_nonfinite(k)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
             if window is None:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+                o = _sdpa(qs, ks, vs, None, causal, scale, band=band)
             else:
                 L = end - start
                 mask = allowed_mask(1, L, L, causal=causal, window=window, device=q.device)[0]  # (1, L, L) band
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+                o = _sdpa(qs, ks, vs, mask, causal, scale, band=band)
             outs.append(o.transpose(0, 1))
     # torch.cat, not writes into an empty buffer: autograd follows it, and no token is left unwritten.
     return torch.cat(outs) if outs else q.clone()
@@ -82,11 +127,13 @@ def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=No
     if q.shape[0] == 0:  # no tokens: PyTorch's jagged SDPA cannot pad an all-empty batch
         return q.clone()
     # A jagged tensor's values must be contiguous; q, k, v may be strided views of one QKV projection.
-    # Jagged tensors cannot be built from inference tensors inside inference_mode (torch 2.13 raises
-    # "Cannot set version_counter"); outside it, under no_grad, they can, and nothing is recorded.
+    # Jagged tensors cannot be built inside inference_mode, nor from inference tensors (made inside it)
+    # anywhere (torch 2.13 raises "Cannot set version_counter"); outside it, under no_grad, from a
+    # normal tensor, they can, and nothing is recorded. An inference tensor is copied once (clone) first.
     inference = torch.is_inference_mode_enabled()
     with torch.inference_mode(False), torch.set_grad_enabled(torch.is_grad_enabled() and not inference):
-        qn, kn, vn = (packed_to_nested(x.contiguous(), cu_seqlens).transpose(1, 2) for x in (q, k, v))  # (B, H, j, D)
+        qn, kn, vn = (packed_to_nested(x.clone() if x.is_inference() else x.contiguous(), cu_seqlens).transpose(1, 2)
+                      for x in (q, k, v))  # (B, H, j, D)
         with quiet_jagged():
             out = F.scaled_dot_product_attention(qn, kn, vn, scale=scale)
             return out.transpose(1, 2).values()

@@ -4,6 +4,8 @@
 //                  s_m = max_k |x[m,k] a_k| / 127,  q[m,k] = round(x[m,k] a_k / s_m)
 //                  one read of x (the row stays in L1 between its two loops), one int8 write:
 //                  unfused torch ops take 5 passes over (M, K) floats (mul, abs, amax, div, round, cast).
+//                  A row holding NaN or inf gets s_m = NaN and q = 0 (casting NaN to int8 is undefined):
+//                  btlib/quant.py recomputes those rows in fp32, so NaN and inf propagate as in fp32.
 //   dequantize     acc (M, N) int32, s (M, 1), w (N,), b (N,) or empty -> into y (M, N) f32
 //                  y[m,n] = acc[m,n] s_m w_n + b_n: one read of acc, one write of y (torch ops: 2-3 passes).
 //
@@ -15,8 +17,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace {
+
+constexpr uint32_t kInfBits = 0x7f800000u;  // |x| bits >= this: inf or NaN
+
+inline uint32_t abs_bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b & 0x7fffffffu;
+}
 
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
@@ -34,12 +46,21 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a) 
     for (int64_t m = begin; m < end; ++m) {
       const float* xr = X + m * K;
       int8_t* qr = Q + m * K;
-      float mx = 0.f;  // max |x a| over the row
+      // max |x a| over the row, taken on the bit patterns: for x >= 0 their integer order is the float
+      // order, and NaN (above inf) is not dropped as std::max(float) drops it. Vectorises as well (pmaxud).
+      uint32_t mx_bits = 0;
       if (A) {
-        for (int64_t k = 0; k < K; ++k) mx = std::max(mx, std::fabs(xr[k] * A[k]));
+        for (int64_t k = 0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k] * A[k]));
       } else {
-        for (int64_t k = 0; k < K; ++k) mx = std::max(mx, std::fabs(xr[k]));
+        for (int64_t k = 0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k]));
       }
+      if (mx_bits >= kInfBits) {  // NaN or inf in the row
+        std::memset(qr, 0, K);
+        S[m] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      float mx;
+      std::memcpy(&mx, &mx_bits, sizeof mx);
       const float scale = std::max(mx, 1e-12f) / 127.f, inv = 1.f / scale;
       if (A) {
         for (int64_t k = 0; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * A[k] * inv));

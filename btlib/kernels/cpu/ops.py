@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ...checks import window_reach
+from ...checks import INT32_MAX, check_int, window_reach
 from ..registry import Kernel, register
 from . import build
 
@@ -98,7 +98,8 @@ def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max
     kernels size their grid by it instead of reading the lengths back from the device.
     """
     _check_bf16(q)
-    return build.ops().varlen_v3(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *window_reach(window))
+    max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)
+    return build.ops().varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window))
 
 
 _F32 = (torch.float32,)

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...checks import window_reach
+from ...checks import INT32_MAX, check_int, window_reach
 from ..gpu_limits import DTYPES, MAX_HEAD_DIM
 from ..registry import CpuRun, Kernel, register
 from . import build, emulate
@@ -50,7 +50,8 @@ def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, m
                           scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
     """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
     build.load()
-    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, int(max_seqlen), causal, _scale(q, scale), *window_reach(window))
+    max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)  # the grid is sized by it
+    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window))
 
 
 # Without a GPU the check still runs the kernel's own source, on CPU threads (emulate.py).
