@@ -30,6 +30,13 @@ DENSE_ACTIVATIONS = ("torch.nn.modules.activation.Tanh", "torch.nn.modules.linea
                      "torch.nn.modules.activation.Sigmoid")
 BERT_ACTS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 MODERNBERT_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish")
+_READ = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+         "max_position_embeddings", "pad_token_id"}
+CORRUPTIBLE = {"bert": _READ | {"hidden_act", "layer_norm_eps", "type_vocab_size"},
+               "modernbert": _READ | {"hidden_activation", "norm_eps", "norm_bias", "attention_bias", "mlp_bias",
+                                      "local_attention", "global_attn_every_n_layers", "global_rope_theta"}}
+CORRUPTIBLE["roberta"] = CORRUPTIBLE["xlm-roberta"] = CORRUPTIBLE["bert"]
+BAD_VALUES = ("12", None, float("nan"), -1, (1,))  # a string, null, NaN, out of range, a list (JSON)
 SPECIALS = {"bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "modernbert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
             "roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], "xlm-roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]}
 # Words every tokenizer knows, cased and not, unicode, an emoji, and every special token of every family spelled out.
@@ -46,6 +53,7 @@ class ModelCase:
     fields: tuple[tuple[str, object], ...]  # sorted (key, value) pairs: hashable, so base folders are cached
     refusable: tuple[str, ...]               # fields whose drawn value is outside btlib's documented support:
                                              # btlib may refuse them by name instead of computing
+    corrupt: tuple[str, object] | None       # (field, bad value) written into config.json after the weights
     lowercase: bool                          # a Lowercase step in tokenizer.json's normalizer
     model_max_length: int                    # tokenizer_config.json
     seed: int
@@ -69,16 +77,16 @@ class FolderCase:
     texts: tuple[str, ...] = field(default=())
 
 
-def _bert_fields(draw) -> dict:
+def _bert_fields(draw, broken: bool) -> dict:
     d = draw(st.sampled_from([16, 24, 32, 48]))
     return dict(hidden_size=d, num_hidden_layers=draw(st.integers(1, 2)),
                 num_attention_heads=draw(st.sampled_from([h for h in (1, 2, 4) if d % h == 0])),
                 intermediate_size=draw(st.integers(8, 64)), max_position_embeddings=draw(st.sampled_from([40, 64, 80])),
-                hidden_act=draw(st.sampled_from(BERT_ACTS + ("silu",))),
+                hidden_act=draw(st.sampled_from(BERT_ACTS * 2 + ("silu",))),  # silu: btlib may refuse it
                 layer_norm_eps=draw(st.sampled_from([1e-12, 1e-5, 1e-3, 0.1])),
-                type_vocab_size=draw(st.sampled_from([1, 2, 3])),
-                **draw(st.sampled_from([{}, {"position_embedding_type": "absolute"},
-                                        {"position_embedding_type": "relative_key"}])))
+                type_vocab_size=draw(st.sampled_from([0, 1, 2, 3] if broken else [1, 2, 3])),  # 0: transformers fails
+                **draw(st.sampled_from([{}, {}, {"position_embedding_type": "absolute"},
+                                        {"position_embedding_type": "absolute"}, {"position_embedding_type": "relative_key"}])))
 
 
 def _modernbert_fields(draw) -> dict:
@@ -108,14 +116,19 @@ def _modernbert_fields(draw) -> dict:
 
 
 @st.composite
-def model_cases(draw, arch: str) -> ModelCase:
-    c = _modernbert_fields(draw) if arch == "modernbert" else _bert_fields(draw)
+def model_cases(draw, arch: str, broken: bool = True) -> ModelCase:
+    """broken: also draw configs transformers cannot run (a field of the wrong type or range; type_vocab_size 0)."""
+    c = _modernbert_fields(draw) if arch == "modernbert" else _bert_fields(draw, broken)
     fields = tuple(sorted((k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in c.items()))
     limit = c["max_position_embeddings"] - (2 if arch in ("roberta", "xlm-roberta") else 0)
     refusable = [k for k, ok in (("hidden_act", BERT_ACTS), ("position_embedding_type", ("absolute",))) if c.get(k, ok[0]) not in ok]
     if c.get("rope_scaling", {}).get("rope_type", "default") != "default":
         refusable.append("rope_scaling")
-    return ModelCase(arch, fields, tuple(refusable), draw(st.booleans()), draw(st.sampled_from([16, limit])),
+    corrupt = None
+    if broken and draw(st.integers(0, 5)) == 0:  # one read field given a value of the wrong type or range
+        corrupt = (draw(st.sampled_from(sorted(CORRUPTIBLE[arch]))), draw(st.sampled_from(BAD_VALUES)))
+        refusable.append(corrupt[0])
+    return ModelCase(arch, fields, tuple(refusable), corrupt, draw(st.booleans()), draw(st.sampled_from([16, limit])),
                      draw(st.integers(0, 3)))
 
 
@@ -124,17 +137,19 @@ _word = st.one_of(st.sampled_from(WORDS), st.text(max_size=4))
 
 @st.composite
 def texts(draw) -> tuple[str, ...]:
-    """1-4 texts: empty, words (special tokens spelled out, unicode, emoji, random unicode), or over-long."""
+    """1-5 texts: a mix of WORDS in random order (cased, unicode, emoji, special tokens spelled out), then
+    empty texts, random words (random unicode among them) or over-long texts."""
+    mix = st.tuples(st.permutations(WORDS), st.integers(1, 12)).map(lambda t: " ".join(t[0][:t[1]]))
     one = st.one_of(st.just(""), st.lists(_word, min_size=1, max_size=8).map(" ".join),
                     st.tuples(st.sampled_from(WORDS), st.integers(30, 90)).map(lambda t: " ".join([t[0]] * t[1])))
-    return tuple(draw(st.lists(one, min_size=1, max_size=4)))
+    return (draw(mix),) + tuple(draw(st.lists(one, max_size=4)))
 
 
 @st.composite
 def folder_cases(draw, arch: str, modes: tuple[str, ...] = POOLING_MODES, dense: bool = True, prompts: bool = True,
-                 lower_case: bool = True) -> FolderCase:
+                 lower_case: bool = True, broken: bool = True) -> FolderCase:
     """A FolderCase; the keyword arguments narrow the strategy (e.g. to the parts one feature needs)."""
-    model = draw(model_cases(arch))
+    model = draw(model_cases(arch, broken))
     chosen = tuple(draw(st.lists(st.sampled_from(modes), min_size=1, max_size=3, unique=True)))
     legacy = draw(st.booleans())
     if legacy:  # the boolean form can only say which modes, not their order: sentence-transformers concatenates in LEGACY_KEYS order
@@ -221,6 +236,8 @@ def build_base(case: ModelCase, folder: Path) -> None:
     hf = model_cls(model_cls.config_class.from_pretrained(folder)).eval()
     _randomise(hf, case.seed)
     hf.save_pretrained(folder)
+    if case.corrupt:
+        config[case.corrupt[0]] = case.corrupt[1]
     (folder / "config.json").write_text(json.dumps(config, indent=1))  # the fields exactly as drawn, not re-serialised
     names = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")))
     if case.arch in ("roberta", "xlm-roberta"):

@@ -94,6 +94,9 @@ def check_case(case: FolderCase, folders: Folders) -> None:
     except (CheckpointError, ValueError, TypeError) as e:
         RUN["refused"] += 1
         if isinstance(ref, Exception):
+            bad = case.model.corrupt
+            assert not bad or bad[0] in str(e), (f"config.json's {bad[0]}={bad[1]!r} made sentence-transformers fail; "
+                                                 f"btlib refused without naming it: {type(e).__name__}: {e}")
             return
         named = [f for f in case.model.refusable if f in str(e)]
         assert named, (f"btlib refused a folder sentence-transformers encodes: {type(e).__name__}: {e}\n"
