@@ -103,7 +103,7 @@ def _modernbert_fields(draw) -> dict:
     c.update(draw(st.sampled_from([{"local_attention": 2 * window}, {"local_attention": 2 * window + 1},
                                    {"sliding_window": window, "local_attention": 128}])))
     theta = st.sampled_from([10.0, 1000.0, 160000.0])
-    form = draw(st.sampled_from(["legacy", "parameters", "scaling", "scaling-linear"]))
+    form = draw(st.sampled_from(["legacy", "legacy", "parameters", "parameters", "scaling", "scaling", "scaling-linear"]))
     if form == "legacy":
         c.update(global_rope_theta=draw(theta), local_rope_theta=draw(theta))
     elif form == "parameters":

@@ -83,6 +83,22 @@ def _transformers_states(folder, ids: list[list[int]], pad: int) -> torch.Tensor
         return hf(input_ids=input_ids, attention_mask=mask).last_hidden_state[mask.bool()]
 
 
+def _refused(case: FolderCase, ref, e: Exception, at_load: bool) -> None:
+    """btlib raised ``e``: right where the reference failed too (a corrupted field: named, at load), or where
+    the case drew a field outside btlib's documented support and the message names it."""
+    RUN["refused"] += 1
+    bad = case.model.corrupt
+    if isinstance(ref, Exception):
+        # btlib must name the corrupted field at load, or another field it may refuse (it may list that one first)
+        assert not bad or (at_load and any(f in str(e) for f in case.model.refusable)), (
+            f"config.json's {bad[0]}={bad[1]!r} made sentence-transformers fail; btlib "
+            f"{'refused' if at_load else 'loaded it, then raised at encode'} without naming it: {type(e).__name__}: {e}")
+        return
+    assert any(f in str(e) for f in case.model.refusable), (
+        f"btlib refused a folder sentence-transformers encodes: {type(e).__name__}: {e}\n"
+        f"(it may refuse only by naming one of {case.model.refusable})")
+
+
 def check_case(case: FolderCase, folders: Folders) -> None:
     """One differential check (the module docstring's rules); AssertionError says what differs."""
     folder = folders.folder(case)
@@ -90,18 +106,12 @@ def check_case(case: FolderCase, folders: Folders) -> None:
     ref = _reference(folder, case.texts)
     try:
         model = load_pretrained(folder)
+    except (CheckpointError, ValueError, TypeError) as e:
+        return _refused(case, ref, e, at_load=True)
+    try:
         ours = model.encode(list(case.texts), batch_size=2)
     except (CheckpointError, ValueError, TypeError) as e:
-        RUN["refused"] += 1
-        if isinstance(ref, Exception):
-            bad = case.model.corrupt
-            assert not bad or bad[0] in str(e), (f"config.json's {bad[0]}={bad[1]!r} made sentence-transformers fail; "
-                                                 f"btlib refused without naming it: {type(e).__name__}: {e}")
-            return
-        named = [f for f in case.model.refusable if f in str(e)]
-        assert named, (f"btlib refused a folder sentence-transformers encodes: {type(e).__name__}: {e}\n"
-                       f"(may refuse only by naming one of {case.model.refusable})")
-        return
+        return _refused(case, ref, e, at_load=False)
     assert not isinstance(ref, Exception), (f"btlib answered where sentence-transformers raised "
                                             f"{type(ref).__name__}: {ref}")
     RUN["compared"] += 1
