@@ -39,7 +39,8 @@ CORRUPTIBLE["roberta"] = CORRUPTIBLE["xlm-roberta"] = CORRUPTIBLE["bert"]
 BAD_VALUES = ("12", None, float("nan"), -1, (1,))  # a string, null, NaN, out of range, a list (JSON)
 SPECIALS = {"bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "modernbert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
             "roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], "xlm-roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]}
-# Words every tokenizer knows, cased and not, unicode, an emoji, and every special token of every family spelled out.
+# Words for the texts: cased and not, accents, CJK, an emoji, and every special token of every family spelled out
+# (the tokenizers know some whole, split others into pieces, and map the rest to their unknown token).
 WORDS = ["hello", "World", "the", "Query", "doc", "ÉCOLE", "straße", "naïve", "中文", "🙂", "a", "B", "42", "!?", "[SEP]",
          "[CLS]", "[PAD]", "[MASK]", "[UNK]", "<s>", "</s>", "<pad>", "<unk>", "<mask>", "query:", "passage:"]
 CHARS = sorted(set("".join(WORDS[:14])) - {" "}) + list("abcdefghijklmnopqrstuvwxyz")
@@ -65,6 +66,8 @@ class ModelCase:
 
 @dataclass(frozen=True)
 class FolderCase:
+    """One fuzz case: a model, the sentence-transformers modules around it, and the texts to encode."""
+
     model: ModelCase
     modes: tuple[str, ...]                   # Pooling's mode(s), concatenated in this order
     legacy_pooling: bool                     # 1_Pooling/config.json with pooling_mode_*_tokens booleans (older folders)
