@@ -152,7 +152,14 @@ def test_published_field_form_loads_the_same(tmp_path, folder):
     dict(global_rope_theta=5.0, local_rope_theta=9.0,
          rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0}}),
     dict(local_attention=33),
-], ids=["legacy", "v5", "mixed-newer-wins", "defaults"])
+    dict(rope_scaling={"rope_type": "default", "rope_theta": 500.0}, global_rope_theta=5.0),
+    dict(rope_scaling={"rope_theta": 70.0}, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0},
+                                                             "sliding_attention": {"rope_type": "default"}}),
+    dict(rope_scaling={"type": "default"}, local_rope_theta=9.0),
+    dict(sliding_window=5, local_attention=128),
+    dict(sliding_window=0),
+], ids=["legacy", "v5", "mixed-newer-wins", "defaults", "rope_scaling-theta", "rope_scaling-over-parameters",
+        "rope_scaling-no-theta", "sliding_window-overrides", "sliding_window-0"])
 def test_config_forms_resolve_as_transformers_does(fields):
     import transformers as tf
 
@@ -165,6 +172,23 @@ def test_config_forms_resolve_as_transformers_does(fields):
     assert spec.rope_theta_global == ref.rope_parameters["full_attention"]["rope_theta"]
     assert spec.rope_theta_local == ref.rope_parameters["sliding_attention"]["rope_theta"]
     assert spec.half_window == ref.sliding_window and spec.norm_eps == ref.norm_eps
+
+
+@pytest.mark.parametrize("fields", [
+    dict(rope_scaling={"rope_type": "default", "rope_theta": 37.0}),
+    dict(rope_scaling={"rope_theta": 900.0}, global_rope_theta=5.0),
+    dict(sliding_window=3),
+], ids=["rope_scaling-theta", "rope_scaling-untyped", "sliding_window"])
+def test_older_and_newer_field_forms_match_transformers(folder, tmp_path, fields):
+    """rope_theta inside rope_scaling and the sliding_window field, in a folder: the hidden states transformers
+    computes from the same config.json (both used to be ignored, silently: cosine far from 1 on long sequences)."""
+    import transformers as tf
+
+    bad = _edit(folder[0], tmp_path, **fields)
+    hf = tf.ModernBertModel.from_pretrained(bad).eval()
+    model = load_pretrained(bad)
+    seqs = _seqs([97, 40, 1])
+    assert _rel(model(*model.pack(seqs)), _reference(hf, seqs)) <= 1e-5
 
 
 def test_published_base_config():
@@ -264,6 +288,52 @@ def test_bf16_on_a_non_native_cpu_warns_once(folder, monkeypatch):
         assert torch.equal(model.encode(["w1 w2"], precision="auto"), model.encode(["w1 w2"]))  # auto = fp32 here
 
 
+def test_encode_of_token_ids_is_exact(folder):
+    """Pre-tokenized input: the tokenizer's ids encode exactly as the texts do (lists, tuples, numpy, tensors)."""
+    import numpy as np
+
+    path, hf = folder
+    model = load_pretrained(path)
+    model.pooling = Pooling("cls", False)
+    texts = ["w1 w2 w3", "", "w4 " * 30]
+    seqs = model.tokenize(texts)
+    ref = _reference(hf, seqs)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+    want = model.encode(texts, batch_size=2)
+    assert _rel(want, ref[cu[:-1]]) <= 1e-5
+    for ids in (seqs, [tuple(s) for s in seqs], [np.array(s) for s in seqs], [torch.tensor(s) for s in seqs]):
+        assert torch.equal(model.encode(ids, batch_size=2), want)
+
+
+@pytest.mark.parametrize("texts, error, match", [
+    ([b"w1 w2"], TypeError, r"texts\[0\] is a bytes.*decode them"),
+    (["w1", [2, 3]], TypeError, r"texts\[0\] is a str: pass all texts as str, or all as lists"),
+    ([[2, 3], None], TypeError, r"texts\[1\] is a NoneType"),
+    ([[2, 5.0, 3]], TypeError, r"texts\[0\] holds 5.0"),
+    ([[2, True, 3]], TypeError, r"texts\[0\] holds True"),
+    ([[2, 5, 3], []], ValueError, r"texts\[1\] is an empty list of token ids"),
+    ([[], [2, 5, 3]], ValueError, r"texts\[0\] is an empty list of token ids"),
+    ([[2, -1, 3]], ValueError, r"token id -1, outside \[0, vocab_size=61\)"),
+    ([[2, 61, 3]], ValueError, r"token id 61, outside \[0, vocab_size=61\)"),
+    (b"w1", TypeError, "wrap a single text in a list"),
+], ids=["bytes", "mixed", "none", "float-id", "bool-id", "empty-last", "empty-first", "negative", "vocab-size", "bytes-alone"])
+def test_encode_refuses_bad_token_ids(folder, texts, error, match):
+    """Bytes were read as ids, an empty id list pooled the next sequence's CLS (or raised IndexError when
+    last), ids outside the vocabulary raised the embedding's IndexError: now each says what to pass."""
+    model = load_pretrained(folder[0])
+    model.pooling = Pooling("cls", False)
+    with pytest.raises(error, match=match):
+        model.encode(texts)
+
+
+def test_forward_refuses_ids_outside_the_vocabulary(folder):
+    model = load_pretrained(folder[0])
+    ids, cu_seqlens, max_seqlen = model.pack([[2, 5, 3]])
+    with pytest.raises(ValueError, match=r"vocab_size=61\); got -4 .. 5"):
+        model(ids - 6 + torch.tensor([0, 6, 0]), cu_seqlens, max_seqlen)
+    assert model.pack([[2, 3], []])[1].tolist() == [0, 2, 2]  # pack keeps an empty sequence (no hidden states)
+
+
 @pytest.mark.parametrize("kw, error, match", [
     ({"path": "fastpath"}, ValueError, "path must be one of"),
     ({"precision": "int8"}, ValueError, "not available for ModernBERT"),
@@ -274,6 +344,9 @@ def test_bf16_on_a_non_native_cpu_warns_once(folder, monkeypatch):
 def test_encode_rejects_bad_calls(folder, kw, error, match):
     with pytest.raises(error, match=match):
         load_pretrained(folder[0]).encode(["w1"], **kw)
+
+
+NULL = object()  # _edit: write the field as JSON null (None drops it)
 
 
 def _edit(folder, tmp_path, **changes):
@@ -287,7 +360,7 @@ def _edit(folder, tmp_path, **changes):
         if v is None:
             cfg.pop(k)
         else:
-            cfg[k] = v
+            cfg[k] = None if v is NULL else v
     (bad / "config.json").write_text(json.dumps(cfg))
     return bad
 
@@ -301,6 +374,22 @@ def _edit(folder, tmp_path, **changes):
     ({"head_dim": 16}, "head_dim=16"),
     ({"layer_types": ["full_attention"] * 4}, "layer_types="),
     ({"norm_eps": "small"}, "norm_eps='small'"),
+    ({"norm_eps": float("nan")}, "norm_eps=nan"),
+    ({"norm_eps": 0}, "norm_eps=0"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling="),
+    ({"rope_scaling": {"rope_theta": float("inf")}}, "rope_scaling.rope_theta=inf"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": float("nan")}}},
+     "rope_parameters.full_attention.rope_theta=nan"),
+    ({"rope_parameters": {"full_attention": "default"}}, "rope_parameters.full_attention='default'"),
+    ({"rope_parameters": None, "global_rope_theta": "1e4"}, "global_rope_theta='1e4'"),
+    ({"sliding_window": NULL}, "sliding_window=None"),
+    ({"norm_eps": NULL}, "norm_eps=None"),
+    ({"sliding_window": 2.5}, "sliding_window=2.5"),
+    ({"layer_types": [{"type": "full_attention"}] * 5}, "layer_types="),
+    ({"head_dim": "24"}, "head_dim='24'"),
+    ({"max_position_embeddings": 512.0}, "max_position_embeddings=512.0"),
+    ({"pad_token_id": "0"}, "pad_token_id='0'"),
+    ({"hidden_activation": ["gelu"]}, "hidden_activation="),
     ({"attention_bias": True}, r"missing model.layers.0.attn.Wqkv.bias"),
     ({"num_hidden_layers": 4, "layer_types": None}, r"model.layers.4.attn.Wqkv.weight is not accounted for"),
     ({"intermediate_size": 80}, r"model.layers.0.mlp.Wi.weight: shape \(150, 96\), config implies \(160, 96\)"),

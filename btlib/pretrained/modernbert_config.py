@@ -17,8 +17,8 @@ the table is the list.
       vocab_size
     hidden_activation                          honoured: gelu (exact), gelu_new, gelu_pytorch_tanh,
                                                gelu_fast (tanh GELU), relu, silu, swish; others refused
-    norm_eps                                   honoured (default 1e-5); layer_norm_eps, which some files
-                                               also carry, is read by neither transformers nor btlib
+    norm_eps                                   honoured (default 1e-5; a finite positive number); layer_norm_eps,
+                                               which some files also carry, is read by neither transformers nor btlib
     norm_bias, attention_bias, mlp_bias        honoured; a bias tensor the config rules out is refused,
                                                not dropped as transformers would drop it
     layer_types                                honoured: "full_attention" (global) or "sliding_attention"
@@ -26,11 +26,16 @@ the table is the list.
     global_attn_every_n_layers                 when layer_types is absent: layer i is global iff i % n == 0
                                                (default 3)
     local_attention                            honoured: local layers see keys with |i - j| <= local_attention // 2
+    sliding_window                             honoured as transformers' setter reads it: local_attention = 2 * sliding_window
+                                               (it overrides local_attention); refused unless a non-negative integer
     rope_parameters.{full,sliding}_attention   honoured: rope_type "default" with rope_theta; any other
                                                rope_type (linear, dynamic, yarn, ...) is refused
     global_rope_theta, local_rope_theta        honoured where rope_parameters gives no rope_theta
                                                (defaults 160000 and 10000)
-    rope_scaling                               refused unless null or of type "default"
+    rope_scaling                               the older form, merged into both layer types' rope_parameters as
+                                               transformers merges it: its rope_theta, if given, sets both bases;
+                                               refused unless its rope_type / type is absent or "default"
+    rope_theta (top level)                     not read by transformers' ModernBERT (the bases above are), nor by btlib
     head_dim                                   refused unless hidden_size / num_attention_heads (transformers
                                                would rotate a different number of dimensions)
     max_position_embeddings                    caps the truncation length (RoPE itself has no table)
@@ -47,6 +52,7 @@ the table is the list.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,49 +100,97 @@ class ModernBertSpec:
         return self.rope_theta_global if self.global_layers[layer] else self.rope_theta_local
 
 
+def _is_int(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_positive_number(value: object) -> bool:
+    """A finite number > 0 (JSON's NaN and Infinity, strings, null and booleans are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def _layer_kinds(c: dict, n_layers: int, refused: list[str]) -> tuple[bool, ...]:
     types = c.get("layer_types")
     if types is None:
         every = c.get("global_attn_every_n_layers", 3)
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        if not _is_int(every, 1):
             refused.append(f"global_attn_every_n_layers={every!r} (must be a positive integer)")
             return ()
         return tuple(i % every == 0 for i in range(n_layers))
-    if not isinstance(types, list) or len(types) != n_layers or any(t not in _LAYER_TYPES for t in types):
+    if not isinstance(types, list) or len(types) != n_layers or any(
+            not isinstance(t, str) or t not in _LAYER_TYPES for t in types):
         refused.append(f"layer_types={types!r} (btlib needs one of {sorted(_LAYER_TYPES)} for each of the "
                        f"{n_layers} layers)")
         return ()
     return tuple(_LAYER_TYPES[t] for t in types)
 
 
+def _rope_type(p: dict) -> object:
+    return p.get("rope_type", p.get("type", "default"))
+
+
 def _rope_thetas(c: dict, refused: list[str]) -> dict[str, float]:
-    """rope_theta per layer type, resolved as ModernBertConfig.convert_rope_params_to_dict does."""
+    """rope_theta per layer type, resolved as ModernBertConfig.convert_rope_params_to_dict does: per layer type,
+    rope_parameters[kind] (absent: default RoPE), updated with the older ``rope_scaling`` dict if given, then
+    rope_theta from there, else global_rope_theta / local_rope_theta, else the defaults."""
     scaling = c.get("rope_scaling")
-    if scaling is not None and (not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "default"):
-        refused.append(f"rope_scaling={scaling!r} (btlib implements the default RoPE only)")
+    if scaling is not None and (not isinstance(scaling, dict) or _rope_type(scaling) != "default"
+                                or scaling.get("type", "default") != "default"):
+        # transformers keeps rope_type "default" when the older form says only type "linear" (it ignores the
+        # scaling): refusing is the one answer that cannot be silently wrong
+        refused.append(f"rope_scaling={scaling!r} (btlib implements the default RoPE only: rope_type "
+                       "'default' or absent)")
+        scaling = None
     params = c.get("rope_parameters") or {}
     if not isinstance(params, dict) or set(params) - set(_THETA_DEFAULTS):
         refused.append(f"rope_parameters={params!r} (btlib reads the per-layer-type form: "
                        "{'full_attention': {...}, 'sliding_attention': {...}})")
         return {}
-    legacy = {"full_attention": c.get("global_rope_theta"), "sliding_attention": c.get("local_rope_theta")}
+    legacy = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
     thetas = {}
     for kind, default in _THETA_DEFAULTS.items():
         p = params.get(kind) or {}
-        kind_type = p.get("rope_type", p.get("type", "default")) if isinstance(p, dict) else p
-        if kind_type != "default":
+        if not isinstance(p, dict):
+            refused.append(f"rope_parameters.{kind}={p!r} (must be an object such as "
+                           "{'rope_type': 'default', 'rope_theta': 10000.0})")
+            continue
+        p = {**p, **(scaling or {})}
+        if _rope_type(p) != "default":
             refused.append(f"rope_parameters.{kind}={p!r} (btlib implements rope_type 'default' only)")
             continue
-        theta = p.get("rope_theta", legacy[kind] if legacy[kind] is not None else default)
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-            refused.append(f"rope_theta of {kind} = {theta!r} (must be a positive number)")
+        theta, field = p.get("rope_theta"), f"rope_parameters.{kind}.rope_theta"
+        if "rope_theta" in (scaling or {}):
+            field = "rope_scaling.rope_theta"
+        elif theta is None:
+            theta, field = c.get(legacy[kind], default), legacy[kind]
+        if not _is_positive_number(theta):
+            refused.append(f"{field}={theta!r} (the RoPE base of the {kind} layers must be a positive number)")
             continue
         thetas[kind] = float(theta)
     return thetas
 
 
+def _half_window(c: dict, refused: list[str]) -> int:
+    """local_attention // 2; a ``sliding_window`` field overrides it (transformers' setter: local_attention = 2 * it)."""
+    if "sliding_window" in c:
+        half = c["sliding_window"]
+        if not _is_int(half, 0):
+            refused.append(f"sliding_window={half!r} (the half window: a non-negative integer, or leave it out and "
+                           "give local_attention)")
+            return 0
+        return half
+    local = c.get("local_attention", 128)
+    if not _is_int(local, 1):
+        refused.append(f"local_attention={local!r} (must be a positive integer)")
+        return 0
+    return local // 2
+
+
 def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
-    """A ModernBertSpec from config.json's parsed dict; CheckpointError naming ``where`` and the field otherwise."""
+    """A ModernBertSpec from config.json's parsed dict; CheckpointError naming ``where`` and the field otherwise.
+
+    Every field btlib reads is checked here, at load, for type and range (the table in the module docstring).
+    """
     if c.get("model_type") != "modernbert":
         raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not 'modernbert'")
 
@@ -147,7 +201,7 @@ def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
     ff, vocab = need("intermediate_size"), need("vocab_size")
     refused: list[str] = []
     act = c.get("hidden_activation", "gelu")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         refused.append(f"hidden_activation={act!r} (btlib supports {', '.join(ACTIVATIONS)})")
     flags = {}
     for key in ("norm_bias", "attention_bias", "mlp_bias"):
@@ -155,27 +209,27 @@ def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
         if not isinstance(flags[key], bool):
             refused.append(f"{key}={flags[key]!r} (must be true or false)")
     eps = c.get("norm_eps", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+    if not _is_positive_number(eps):
         refused.append(f"norm_eps={eps!r} (must be a positive number)")
     if d % heads:
         refused.append(f"hidden_size={d} is not divisible by num_attention_heads={heads}")
-    elif c.get("head_dim") not in (None, d // heads):
-        refused.append(f"head_dim={c['head_dim']!r} (transformers would rotate {c['head_dim']} dimensions of "
+    elif c.get("head_dim") is not None and (not _is_int(c["head_dim"], 1) or c["head_dim"] != d // heads):
+        refused.append(f"head_dim={c['head_dim']!r} (transformers would rotate that many dimensions of "
                        f"{d // heads}-wide heads; btlib needs head_dim = hidden_size / num_attention_heads)")
-    local = c.get("local_attention", 128)
-    if not isinstance(local, int) or isinstance(local, bool) or local < 1:
-        refused.append(f"local_attention={local!r} (must be a positive integer)")
+    half_window = _half_window(c, refused)
     kinds = _layer_kinds(c, n_layers, refused)
     thetas = _rope_thetas(c, refused)
+    max_pos = c.get("max_position_embeddings", 8192)
+    if not _is_int(max_pos, 1):
+        refused.append(f"max_position_embeddings={max_pos!r} (must be a positive integer)")
+    pad = c.get("pad_token_id")
+    if pad is not None and not _is_int(pad, 0):
+        refused.append(f"pad_token_id={pad!r} (a token id, an integer >= 0, or null)")
     if refused:
         raise CheckpointError(f"{where} describes a model btlib cannot reproduce exactly:\n  " + "\n  ".join(refused)
                               + "\nFix the field if it is wrong, or run the model with transformers instead")
-    pad = c.get("pad_token_id")
-    max_pos = c.get("max_position_embeddings", 8192)
-    if not isinstance(max_pos, int) or isinstance(max_pos, bool) or max_pos < 1:
-        raise CheckpointError(f"{where}: max_position_embeddings must be a positive integer; got {max_pos!r}")
     return ModernBertSpec(n_layers, d, heads, ff, act, float(eps), flags["norm_bias"], flags["attention_bias"],
-                          flags["mlp_bias"], vocab, max_pos, pad if isinstance(pad, int) else -1, kinds, local // 2,
+                          flags["mlp_bias"], vocab, max_pos, -1 if pad is None else pad, kinds, half_window,
                           thetas["full_attention"], thetas["sliding_attention"])
 
 

@@ -88,13 +88,47 @@ class ModernBertEncoder(HasHead, nn.Module):
         """Token ids per text, with the special tokens ([CLS] ... [SEP]), truncated to ``max_length``; no padding."""
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
-    def pack(self, texts: Sequence[str] | list[list[int]]) -> tuple[Tensor, Tensor, int]:
+    def pack(self, texts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, int]:
         """Texts (or token id lists) -> ids (total,) int64, cu_seqlens (B + 1,) int32, max_seqlen int.
 
         lengths [2, 4, 3] -> cu_seqlens [0, 2, 6, 9], max_seqlen 4, total 9. An empty text still has its
-        special tokens; an empty id list is a sequence of length 0.
+        special tokens; an empty id list is a sequence of length 0 (no hidden states; encode refuses it).
+        Id lists are taken as they are (no special tokens added, no truncation) and checked: every id
+        an int in [0, vocab_size) (TypeError for bytes, str or floats, ValueError out of range).
         """
-        ids = self.tokenize(texts) if texts and isinstance(texts[0], str) else [list(s) for s in texts]
+        return self._pack(self._sequences(texts, empty_ok=True))
+
+    def _sequences(self, texts: Sequence[str] | Sequence[Sequence[int]], *, empty_ok: bool) -> list[list[int]]:
+        """All strings -> tokenize(); otherwise every item must be a sequence of token ids (checked, see pack)."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("pass a list of texts (or of token id lists); wrap a single text in a list")
+        texts = list(texts)
+        if all(isinstance(t, str) for t in texts):
+            return self.tokenize(texts)
+        vocab, out = self.spec.vocab_size, []
+        for i, seq in enumerate(texts):
+            if isinstance(seq, Tensor) or type(seq).__module__ == "numpy":
+                seq = seq.tolist() if getattr(seq, "ndim", 1) == 1 else seq  # a 1-D integer tensor or array
+            if not isinstance(seq, (list, tuple, range)):
+                raise TypeError(f"texts[{i}] is a {type(seq).__name__}: pass all texts as str, or all as lists of "
+                                "int token ids (bytes are not token ids: decode them to str)")
+            ids = []
+            for t in seq:
+                if isinstance(t, bool) or not hasattr(t, "__index__"):
+                    raise TypeError(f"texts[{i}] holds {t!r} ({type(t).__name__}); token ids are ints")
+                ids.append(t.__index__())
+            if not ids and not empty_ok:
+                raise ValueError(f"texts[{i}] is an empty list of token ids: a sequence of no tokens has no embedding "
+                                 "(transformers would pool only padding); pass at least the special tokens, as "
+                                 "model.tokenize(['']) gives them")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"texts[{i}] holds token id {bad[0]}, outside [0, vocab_size={vocab})")
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _pack(ids: list[list[int]]) -> tuple[Tensor, Tensor, int]:
         cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids], dtype=torch.int64))
         return torch.tensor([t for s in ids for t in s], dtype=torch.int64), cu_seqlens, max_seqlen
 
@@ -118,6 +152,9 @@ class ModernBertEncoder(HasHead, nn.Module):
         if ids.dim() != 1 or ids.dtype.is_floating_point:
             raise ValueError(f"ids must be (total,) integer token ids; got {tuple(ids.shape)} {ids.dtype}")
         check_cu_seqlens(cu_seqlens, total=ids.numel(), max_seqlen=max_seqlen)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
+            raise ValueError(f"ids must be token ids in [0, vocab_size={self.spec.vocab_size}); "
+                             f"got {int(ids.min())} .. {int(ids.max())}")
         if precision is not None and precision not in PRECISIONS:
             raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
         dtype = choose_precision(precision).dtype if precision else torch.float32
@@ -134,7 +171,7 @@ class ModernBertEncoder(HasHead, nn.Module):
         return stack.final_norm(x).float()
 
     # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
-    def encode(self, texts: Sequence[str], *, batch_size: int = 64, path: str = "packed",
+    def encode(self, texts: Sequence[str] | Sequence[Sequence[int]], *, batch_size: int = 64, path: str = "packed",
                precision: str | None = None) -> Tensor:
         """Sentence embeddings (N, d) float32 as sentence-transformers computes them (pool, then normalise if the
         folder says so; see ``pooling`` in the module docstring).
@@ -144,6 +181,8 @@ class ModernBertEncoder(HasHead, nn.Module):
         precision: None or "fp32" (default), "bf16" (explicit: warns once where bf16 is not native,
         with the measured rates), or "auto" (bf16 only where native and measured faster:
         btlib.choose_precision() says what it picks here and why). batch_size: texts per forward, >= 1.
+        texts: strings, or token id lists as :meth:`tokenize` gives them (checked as in :meth:`pack`; an empty
+        list is refused: it has no embedding).
         """
         if path not in MODERNBERT_PATHS:
             raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
@@ -156,9 +195,10 @@ class ModernBertEncoder(HasHead, nn.Module):
         dtype = choose_precision(precision).dtype if precision else torch.float32
         if precision == "bf16":
             warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
+        seqs = self._sequences(texts, empty_ok=False)
         out = []
         with torch.inference_mode():
-            for i in range(0, len(texts), batch_size):
-                ids, cu_seqlens, max_seqlen = self.pack(list(texts[i:i + batch_size]))
+            for i in range(0, len(seqs), batch_size):
+                ids, cu_seqlens, max_seqlen = self._pack(seqs[i:i + batch_size])
                 out.append(self.head(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
         return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
