@@ -190,3 +190,24 @@ def test_modernbert_uses_the_same_modules(tmp_path):
     ref = st_model(folder).encode(texts, convert_to_tensor=True)
     model = load_pretrained(folder)
     assert type(model).__name__ == "ModernBertEncoder" and rel(model.encode(texts, batch_size=3), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("include_prompt", [True, False])
+def test_modernbert_takes_the_folders_prompts(tmp_path, include_prompt):
+    """ModernBERT's encode applies prompts as sentence-transformers does (was: a folder with a default prompt refused)."""
+    import transformers as tf
+    from test_modernbert import _tokenizer, write_modernbert
+
+    base = tmp_path / "hf"
+    write_modernbert(base, masked_lm=False)
+    tf.PreTrainedTokenizerFast(tokenizer_object=_tokenizer(), unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                               sep_token="[SEP]", mask_token="[MASK]").save_pretrained(base)
+    folder = write_st(tmp_path / "st", base, pooling=("mean", "cls"), include_prompt=include_prompt,
+                      prompts={"query": "w1 w2 ", "doc": "w3 "}, default_prompt_name="doc")
+    st, model = st_model(folder), load_pretrained(folder)
+    texts = ["w4 w5", "w6", ""]
+    for kw in ({}, {"prompt_name": "query"}, {"prompt": "w7 w8 w9 "}, {"prompt": ""}):
+        assert rel(model.encode(texts, **kw), st.encode(texts, convert_to_tensor=True, **kw)) <= 1e-5, kw
+    with pytest.raises(ValueError, match="tokenize prompt \\+ text yourself"):
+        model.encode([[1, 5, 2]])  # token ids cannot take the default prompt
+    assert model.encode([[1, 5, 2]], prompt="").shape[0] == 1

@@ -98,10 +98,12 @@ def load_pretrained(folder: str | Path | None = None, *,
     if not default and _model_type(plan.transformer_dir) == "modernbert":
         from .modernbert import load_modernbert
 
-        if plan.transformer_dir != folder or plan.default_prompt_name:
-            raise CheckpointError(f"{folder}: btlib's ModernBERT encode reads a Transformer at the folder's root and "
-                                  "takes no prompts yet; use sentence-transformers for this model")
-        return load_modernbert(folder, expected_sha256=expected_sha256)
+        if plan.transformer_dir != folder:
+            raise CheckpointError(f"{folder}: btlib's ModernBERT loader reads a Transformer at the folder's root, not in "
+                                  f"{plan.transformer_dir.name}/; use sentence-transformers for this model")
+        model = load_modernbert(folder, expected_sha256=expected_sha256)
+        model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
+        return model
     src = plan.transformer_dir
     if default or expected_sha256:
         verify_sha256(src / "model.safetensors", expected_sha256 or DEFAULT_SHA256)

@@ -64,7 +64,42 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
-class PretrainedEncoder(HasHead, nn.Module):
+class Prompts:
+    """sentence-transformers' prompts, shared by every encoder: ``prompts``, ``default_prompt_name``, ``special_ids``."""
+
+    tokenizer: object
+    prompts: dict[str, str | None]
+    default_prompt_name: str | None
+    special_ids: frozenset[int]
+
+    def set_prompts(self, prompts: dict[str, str | None] | None, default_prompt_name: str | None,
+                    special_ids: frozenset[int] | set[int] = frozenset()) -> None:
+        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
+        self.prompts = {"query": None, "document": None, **(prompts or {})}
+        self.default_prompt_name, self.special_ids = default_prompt_name, frozenset(special_ids)
+
+    def prompt_length(self, prompt: str | None) -> int | None:
+        """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
+        pooling when include_prompt is false. None for no prompt."""
+        if not prompt:
+            return None
+        ids = self.tokenizer.encode(prompt).ids
+        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
+
+    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a str; got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(self.prompts)}")
+            return self.prompts[prompt_name]
+        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
+
+
+class PretrainedEncoder(Prompts, HasHead, nn.Module):
     """Embeddings + nn.TransformerEncoder + the folder's sentence-transformers head, from a Hugging Face-format folder.
 
     pooling: a :class:`Pooling` shorthand or a :class:`SentenceHead` (kept as ``model.head``).
@@ -78,10 +113,8 @@ class PretrainedEncoder(HasHead, nn.Module):
                  token_types: bool | None = None, special_ids: frozenset[int] = frozenset()):
         super().__init__()
         self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
-        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
-        self.prompts = {"query": None, "document": None, **(prompts or {})}
-        self.default_prompt_name = default_prompt_name
-        self.token_types, self.special_ids = token_types, special_ids
+        self.set_prompts(prompts, default_prompt_name, special_ids)
+        self.token_types = token_types
         self.embeddings = Embeddings(spec)
         layer = nn.TransformerEncoderLayer(spec.d_model, spec.nhead, spec.dim_feedforward, 0.0, _activation(spec.activation),
                                            layer_norm_eps=spec.layer_norm_eps, batch_first=True)
@@ -111,26 +144,6 @@ class PretrainedEncoder(HasHead, nn.Module):
             raise ValueError(f"the tokenizer gives token type ids up to {max(max(t, default=0) for t in types)} but the "
                              f"model has type_vocab_size {self.spec.type_vocab_size}; transformers cannot run this either")
         return [e.ids for e in enc], types
-
-    def prompt_length(self, prompt: str | None) -> int | None:
-        """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
-        pooling when include_prompt is false. None for no prompt."""
-        if not prompt:
-            return None
-        ids = self.tokenizer.encode(prompt).ids
-        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
-
-    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt must be a str; got {type(prompt).__name__}")
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(self.prompts)}")
-            return self.prompts[prompt_name]
-        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
 
     def positions(self, ids: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
         """Row of the position table for each token, as transformers computes it.

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
-from .model import Pooling, check_encode_args, packed_positions
+from .model import Pooling, Prompts, check_encode_args, packed_positions
 from .st_modules import HasHead
 from .modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
@@ -54,7 +54,7 @@ class _Stack(nn.Module):
         self.layers, self.final_norm = layers, final_norm
 
 
-class ModernBertEncoder(HasHead, nn.Module):
+class ModernBertEncoder(Prompts, HasHead, nn.Module):
     """ModernBERT (embeddings, pre-LN layers with RoPE and GeGLU, final norm) on packed tokens, plus encode().
 
     Parameter names are transformers' ModernBertModel's (``embeddings.tok_embeddings.weight``,
@@ -65,6 +65,7 @@ class ModernBertEncoder(HasHead, nn.Module):
     def __init__(self, spec: ModernBertSpec, tokenizer, max_length: int, pooling: Pooling):
         super().__init__()
         self.spec, self.tokenizer, self.max_length, self.pooling = spec, tokenizer, max_length, pooling
+        self.set_prompts(None, None)  # load_pretrained sets the folder's sentence-transformers prompts
         self.embeddings = ModernBertEmbeddings(spec)
         self.layers = nn.ModuleList(ModernBertLayer(spec, i) for i in range(spec.num_layers))
         self.final_norm = _norm(spec)
@@ -172,7 +173,7 @@ class ModernBertEncoder(HasHead, nn.Module):
 
     # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
     def encode(self, texts: Sequence[str] | Sequence[Sequence[int]], *, batch_size: int = 64, path: str = "packed",
-               precision: str | None = None) -> Tensor:
+               precision: str | None = None, prompt_name: str | None = None, prompt: str | None = None) -> Tensor:
         """Sentence embeddings (N, d) float32 as sentence-transformers computes them (pool, then normalise if the
         folder says so; see ``pooling`` in the module docstring).
 
@@ -183,6 +184,9 @@ class ModernBertEncoder(HasHead, nn.Module):
         btlib.choose_precision() says what it picks here and why). batch_size: texts per forward, >= 1.
         texts: strings, or token id lists as :meth:`tokenize` gives them (checked as in :meth:`pack`; an empty
         list is refused: it has no embedding).
+        prompt / prompt_name: sentence-transformers' prompts, prepended to each text; without either the folder's
+        default_prompt_name applies (a Pooling with include_prompt false leaves the prompt's tokens out). Token id
+        lists take no prompt: pass prompt="" with them, or tokenize prompt + text yourself.
         """
         if path not in MODERNBERT_PATHS:
             raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
@@ -195,10 +199,15 @@ class ModernBertEncoder(HasHead, nn.Module):
         dtype = choose_precision(precision).dtype if precision else torch.float32
         if precision == "bf16":
             warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
-        seqs = self._sequences(texts, empty_ok=False)
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        if prompt and not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"texts are token ids, so the prompt {prompt!r} cannot be put before them: tokenize "
+                             "prompt + text yourself and pass prompt=''")
+        prompt_length = self.prompt_length(prompt)
+        seqs = self._sequences([prompt + t for t in texts] if prompt else texts, empty_ok=False)
         out = []
         with torch.inference_mode():
             for i in range(0, len(seqs), batch_size):
                 ids, cu_seqlens, max_seqlen = self._pack(seqs[i:i + batch_size])
-                out.append(self.head(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens))
+                out.append(self.head(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens, prompt_length))
         return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
