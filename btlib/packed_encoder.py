@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
 from .padding import _pack, _unpack, check_cu_seqlens, check_lengths, padding_mask_to_lengths
@@ -210,22 +211,20 @@ class PackedEncoder(nn.Module):
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
-        qkv = F.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, H, d // H)  # (total, 3, H, Dh)
+        qkv = gemm.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, H, d // H)  # (total, 3, H, Dh)
         # Strided views, not copies: every varlen kernel takes any strides with head_dim contiguous,
         # which saves writing 3 * total * d floats per layer into freshly faulted-in pages.
         q, k, v = qkv.unbind(1)  # (total, H, Dh) each
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)  # (total, H, Dh)
-        return a.out_proj(o.view(total, d))
+        return gemm.linear(o.view(total, d), a.out_proj.weight, a.out_proj.bias)
 
     @staticmethod
     def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
         kind = _fused_kind(layer)
-        # On CUDA _addmm_activation's GELU is the tanh approximation (cuBLASLt's epilogue): fuse it on the CPU only.
-        # _addmm_activation has no derivative: when autograd needs one, take the unfused ops.
-        fusable = not (torch.is_grad_enabled() and (x.requires_grad or layer.linear1.weight.requires_grad))
-        if fusable and kind is not None and layer.linear1.bias is not None and (kind == "relu" or x.device.type == "cpu"):
-            # bias + activation fused into the GEMM's epilogue: one pass over the (total, d_ff) activations, not three
-            h = torch._addmm_activation(layer.linear1.bias, x, layer.linear1.weight.t(), use_gelu=kind == "gelu")
+        # bias + activation fused into the GEMM's epilogue where the path has one (btlib.gemm): one pass over
+        # the (total, d_ff) activations, not three; any other activation runs as given
+        if kind is not None:
+            h = gemm.linear(x, layer.linear1.weight, layer.linear1.bias, activation=kind)
         else:
-            h = layer.activation(layer.linear1(x))
-        return layer.linear2(h)
+            h = layer.activation(gemm.linear(x, layer.linear1.weight, layer.linear1.bias))
+        return gemm.linear(h, layer.linear2.weight, layer.linear2.bias)
