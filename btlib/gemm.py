@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "plan", "forced_path", "path_available", "pack",
+__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "forced_path", "path_available", "pack",
            "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
 
 PATHS = ("torch", "onednn")
@@ -160,6 +160,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
                 _plans.clear()
                 return y
     return _torch(x, weight, bias, activation, residual, grad)
+
+
+def module_linear(module: torch.nn.Linear, x: Tensor, residual: Tensor | None = None) -> Tensor:
+    """module(x) (+ residual) by :func:`linear`'s path; through the module itself where forward hooks watch it
+    (SmoothQuant's calibration, a user's probes), so they run as in PyTorch's own forward."""
+    m = torch.nn.modules.module
+    if module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks:
+        y = module(x)
+        return y if residual is None else y + residual
+    return linear(x, module.weight, module.bias, residual=residual)
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:

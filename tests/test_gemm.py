@@ -192,3 +192,17 @@ def test_modernbert_layers_agree_on_both_paths(monkeypatch):
         with torch.inference_mode():
             out[path] = model(ids, cu_seqlens, 97)
     assert _rel(out["onednn"], out["torch"]) < 1e-5
+
+
+def test_forward_hooks_on_linears_still_run():
+    """SmoothQuant's calibration hooks out_proj; a user's probe may hook linear2: the GEMM path must not skip them."""
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 48, 0.0, batch_first=True), 1, enable_nested_tensor=False).eval()
+    seen = []
+    layer = enc.layers[0]
+    hooks = [layer.self_attn.out_proj.register_forward_pre_hook(lambda m, a: seen.append("out_proj")),
+             layer.linear2.register_forward_hook(lambda m, a, y: seen.append("linear2"))]
+    with torch.inference_mode():
+        btlib.PackedEncoder.from_module(enc)(torch.randn(1, 5, 32))
+    for h in hooks:
+        h.remove()
+    assert seen == ["out_proj", "linear2"]

@@ -124,14 +124,13 @@ class ModernBertLayer(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
         total, d = x.shape
-        Wqkv = self.attn.Wqkv
-        qkv = gemm.linear(self.attn_norm(x), Wqkv.weight, Wqkv.bias).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
+        qkv = gemm.module_linear(self.attn.Wqkv, self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
         # q and k rotate in one pass; v stays a strided view (the kernels take any head_dim-contiguous strides)
         q, k = apply_rope(qkv[:, :2], *rope).unbind(1)  # (total, H, Dh) each
         v = qkv[:, 2]
         o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
         x = _residual(x, o.reshape(total, d), self.attn.Wo)
-        u, g = gemm.linear(self.mlp_norm(x), self.mlp.Wi.weight, self.mlp.Wi.bias).chunk(2, dim=-1)  # (total, f) each
+        u, g = gemm.module_linear(self.mlp.Wi, self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
         return _residual(x, self.act(u) * g, self.mlp.Wo)
 
 
@@ -139,4 +138,4 @@ def _residual(x: Tensor, h: Tensor, linear: nn.Linear) -> Tensor:
     """x + linear(h) with the residual added inside the GEMM (oneDNN's binary-add epilogue, or addmm's
     beta = 1: C = x + h W^T; btlib.gemm picks), so the (total, d) sum is not a separate read-read-write
     pass. Autograd takes addmm, which it differentiates as linear + add."""
-    return gemm.linear(h, linear.weight, linear.bias, residual=x)
+    return gemm.module_linear(linear, h, residual=x)
