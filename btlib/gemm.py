@@ -22,7 +22,7 @@ an AMD Zen 5 oneDNN pre-packed ran MiniLM's GEMMs at 2048 tokens 2.3x faster tha
 on a Zen 3 oneDNN won at 12 tokens (~100 vs ~55 GFLOP/s) and MKL at 1024+. So
 :mod:`btlib.gemm_measure` times every path here at the encoder's shapes, and :func:`linear`
 takes the fastest for the precision and M (:func:`plan`). ``BTLIB_GEMM=torch`` or ``onednn``
-forces a path (for comparisons); ``path=`` does the same for one call.
+forces a path (for comparisons), ``with forcing(path):`` does so for a block, ``path=`` for one call.
 
 Every private torch op btlib uses for GEMMs is called in this module and nowhere else. A path
 whose op is missing, refuses the input (oneDNN bf16 needs AVX-512 or AVX-NE-CONVERT) or raises
@@ -32,16 +32,19 @@ tensors always take F.linear (the oneDNN ops have no derivative here).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 import weakref
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "forced_path", "path_available", "pack",
-           "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
+__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "forcing", "forced_path",
+           "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
 
 PATHS = ("torch", "onednn")
 INT8_PATHS = ("int_mm", "onednn_int8")
@@ -52,10 +55,27 @@ _packs: dict[int, tuple[weakref.ref, int, Tensor]] = {}  # id(W) -> (W alive?, W
 _broken: dict[tuple[str, torch.dtype], str] = {}  # (path, dtype) -> why it fell back (off for this process)
 _plans: dict[tuple, tuple[tuple[int | None, str], ...]] = {}  # (threads, dtype, BTLIB_GEMM) -> ((M_max, path), ...)
 _lock = threading.Lock()
+_forcing: contextvars.ContextVar[str | None] = contextvars.ContextVar("btlib_gemm_forcing", default=None)
+
+
+@contextlib.contextmanager
+def forcing(path: str | None) -> Iterator[None]:
+    """Inside the block (this thread / task), every :func:`linear` takes ``path`` ("torch" or "onednn"; None:
+    BTLIB_GEMM or the measured choice): how benchmarks compare the paths side by side in one process."""
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS} or None; got {path!r}")
+    token = _forcing.set(path)
+    try:
+        yield
+    finally:
+        _forcing.reset(token)
 
 
 def forced_path() -> str | None:
-    """BTLIB_GEMM's path (None: unset, take the measured choice). Raises ValueError on an unknown value."""
+    """The path forced by :func:`forcing`, else BTLIB_GEMM's (None: neither, take the measured choice).
+    Raises ValueError on an unknown BTLIB_GEMM."""
+    if (path := _forcing.get()) is not None:
+        return path
     value = os.environ.get("BTLIB_GEMM", "").strip().lower()
     if value in ("", "auto"):
         return None

