@@ -77,8 +77,9 @@ def _paths(precision: str) -> tuple[str, ...]:
     return tuple(p for p in paths if gemm.path_available(p, _DTYPES.get(precision, torch.float32)) is None)
 
 
-def measure_precision(precision: str, budget_s: float) -> dict[str, dict[int, float]]:
-    """{path: {M: GFLOP/s}} for one precision ("fp32", "bf16", "int8") within about ``budget_s`` seconds."""
+def measure_precision(precision: str, budget_s: float, tokens: tuple[int, ...] = TOKENS) -> dict[str, dict[int, float]]:
+    """{path: {M: GFLOP/s}} for one precision ("fp32", "bf16", "int8") within about ``budget_s`` seconds,
+    M growing through ``tokens``."""
     g = torch.Generator().manual_seed(0)  # a local generator: the global RNG stays untouched
     weights = [(torch.randn(N, K, generator=g).to(_DTYPES.get(precision, torch.float32)), torch.randn(N, generator=g))
                for K, N in SHAPES]
@@ -87,9 +88,9 @@ def measure_precision(precision: str, budget_s: float) -> dict[str, dict[int, fl
     rates: dict[str, dict[int, float]] = {}
     start, last_round = time.perf_counter(), 0.0
     with torch.no_grad():
-        for i, M in enumerate(TOKENS):
+        for i, M in enumerate(tokens):
             left = budget_s - (time.perf_counter() - start)
-            if i and last_round * (M / TOKENS[i - 1]) * 3 > left:  # warm-up + 2 rounds at the next size would not fit
+            if i and last_round * (M / tokens[i - 1]) * 3 > left:  # warm-up + 2 rounds at the next size would not fit
                 break
             calls = {p: c for p in _paths(precision) if (c := _setup(precision, p, M, weights, g)) is not None}
             best = {p: [math.inf] * len(c) for p, c in calls.items()}
@@ -103,7 +104,7 @@ def measure_precision(precision: str, budget_s: float) -> dict[str, dict[int, fl
                         best[p][j] = min(best[p][j], time.perf_counter() - t0)
                 last_round = time.perf_counter() - t_round
                 spent = time.perf_counter() - t_M
-                if r >= 1 and (spent > budget_s / len(TOKENS) or time.perf_counter() - start > budget_s):
+                if r >= 1 and (spent > budget_s / len(tokens) or time.perf_counter() - start > budget_s):
                     break
             flops = sum(2 * M * K * N for K, N in SHAPES)
             for p, times in best.items():

@@ -26,7 +26,8 @@ btlib.gemm.linear takes per token count, and ``fp32_gflops`` / ``bf16_gflops`` t
 that precision over every path: the yardstick for "bound", "ideal" and the bf16 factor, so that
 a kernel is compared with the fastest GEMM this machine has, never a slow library's. They are
 cached in this process and on disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/;
-else nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version and threads.
+else nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version, threads and the
+variables that restrict torch's ISA (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ...).
 Only a measurement whose fp32 run reached the largest size goes to disk: fp32 that stops early
 means the CPU was busy with other work (or is very slow), and a rate measured then would be
 reused for good. A cache that is corrupt, of the wrong shape or holds rates that are not finite
@@ -151,8 +152,14 @@ def cache_file() -> Path | None:
     return root / "build" / "btlib_hardware.json" if (root / "pyproject.toml").is_file() else None
 
 
+# Variables that restrict what torch's GEMM libraries may use (README: "what an AVX2-only laptop gets"): rates
+# measured under them are another machine's, so they are part of the cache key.
+_ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
+
+
 def _key(threads: int) -> str:
-    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}"
+    limits = ",".join(f"{v}={os.environ[v]}" for v in _ISA_VARS if os.environ.get(v))
+    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}|{limits}"
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 

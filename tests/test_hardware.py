@@ -228,3 +228,11 @@ def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch):
     assert len(slow) == 1 and "converted to fp32" in str(slow[0].message) and "BTLIB_ASSUME_NO_BF16" in str(slow[0].message)
     ref = btlib.reference_attention(q.float(), q.float(), q.float())
     assert btlib.kernels.relative_error(first.float(), ref) < 2e-2
+
+
+def test_rates_measured_with_torch_restricted_are_kept_apart(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (the README's AVX2-laptop recipe) measures another machine: another cache key."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    plain = hardware._key(2)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert hardware._key(2) != plain
