@@ -4,8 +4,11 @@
     >>> describe_device()                       # doctest: +SKIP
     btlib 0.1.0 from ./bettertransformer-workbook, torch 2.13.0+cpu, Python 3.11.7
     device: CPU AMD EPYC, x86_64, 2 cores, 2 torch threads, torch AVX512, btlib kernels avx512bf16
-      bf16 native (avx512_bf16 in /proc/cpuinfo); matmul measured 194 GFLOP/s fp32, 864 bf16 (4.5x fp32)
-      precision="auto": bf16 (bf16 is native here and its matmuls measured 4.5x fp32's rate)
+      bf16 native (avx512_bf16 in /proc/cpuinfo); best GEMM measured 540 GFLOP/s fp32 (onednn), 1.05e+03 bf16 (onednn) (1.9x fp32)
+      GEMM at the encoder's shapes, GFLOP/s at 12 | 128 | 1024 tokens (* the path btlib takes):
+        fp32: torch 60 | 180 | 226, onednn 120* | 420* | 540*
+        ...
+      precision="auto": bf16: bf16 is native and 1.9x fp32 (> 1.3x): ...
       no GPU: the GPU cells skip and say why; the C++ kernels compile with the system compiler on first use
     sizes: default (BTLIB_QUICK=1 shrinks them to seconds)
 
@@ -30,7 +33,7 @@ import torch
 
 from .hardware import Hardware, as_dict, machine
 
-__all__ = ["describe_device", "describe_machine", "machine_line", "gpu_notes", "choose_precision", "PrecisionChoice",
+__all__ = ["describe_device", "describe_machine", "machine_line", "gemm_lines", "gpu_notes", "choose_precision", "PrecisionChoice",
            "warn_if_slow_bf16", "bf16_slow_reason", "SlowPrecisionWarning", "PRECISIONS", "AUTO_MARGIN"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -60,7 +63,8 @@ def describe_machine() -> dict[str, Any]:
     """The facts a timing depends on, as stored in every benchmark row. No host names or paths.
 
     Keys: cpu, arch, os, cores (= cpu_count), threads, torch, python, torch_capability (= cpu_capability),
-    isa, bf16_native, bf16_why, fp32_gflops, bf16_gflops, fp32_n, bf16_n, bf16_speedup, gpu.
+    isa, bf16_native, bf16_why, fp32_gflops, bf16_gflops (the best GEMM rate of each precision over every
+    path), fp32_n, bf16_n, gemm (every path's rates), gemm_pick (the path per token count), bf16_speedup, gpu.
     """
     hw = as_dict(machine())
     env = {**hw, "python": platform.python_version(), "os": f"{platform.system()} {platform.machine()}",
@@ -85,11 +89,52 @@ def machine_line(env: dict[str, Any] | None = None, *, rates: bool = True) -> st
     if rates and g("bf16_native") is not None:
         parts.append(f"bf16 {'native' if g('bf16_native') else 'not native'}")
     if rates and g("fp32_gflops"):
-        parts.append(f"matmul {g('fp32_gflops'):.0f} GFLOP/s fp32, {g('bf16_gflops'):.3g} bf16 "
+        parts.append(f"GEMM {g('fp32_gflops'):.0f} GFLOP/s fp32{_via(env, 'fp32')}, {g('bf16_gflops'):.3g} bf16{_via(env, 'bf16')} "
                      f"({g('bf16_gflops') / g('fp32_gflops'):.2g}x)")
     if g("gpu"):
         parts.append(f"GPU {g('gpu')}")
     return ", ".join(str(p) for p in parts)
+
+
+def _via(env: dict[str, Any], precision: str) -> str:
+    """" (onednn)": the path whose rate is the machine's best in ``precision`` ('' for rows saved before paths)."""
+    found = [(r, p) for p, by_M in (env.get("gemm") or {}).get(precision, {}).items() for r in by_M.values()]
+    return f" ({max(found)[1]})" if found else ""
+
+
+def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
+    """What btlib.gemm picked here, per precision and token count, and every path's measured rate.
+
+    e.g. ["GEMM at the encoder's shapes, GFLOP/s at 12 | 128 | 1024 tokens (picked: *):",
+          "  fp32: torch 54 | 150* | 178*, onednn 101* | 148 | 158", ...]; [] for rows saved before paths.
+    """
+    env = describe_machine() if env is None else env
+    gemm, picks = env.get("gemm") or {}, env.get("gemm_pick") or {}
+    Ms = sorted({int(M) for by_path in gemm.values() for by_M in by_path.values() for M in by_M})
+    if not Ms:
+        return []
+    lines = [f"GEMM at the encoder's shapes, GFLOP/s at {' | '.join(map(str, Ms))} tokens (* the path btlib takes"
+             f"{'; BTLIB_GEMM=' + forced + ' forces it now' if (forced := _forced()) else ''}):"]
+    for precision, by_path in gemm.items():
+        chosen = {M: _picked(picks.get(precision), M) for M in Ms}
+        cells = [f"{path} " + " | ".join(f"{by_M[str(M)]:.3g}{'*' if chosen[M] == path else ''}" if str(M) in by_M else "-"
+                                         for M in Ms) for path, by_M in by_path.items()]
+        note = " (measured only: btlib.quant runs int8)" if precision == "int8" else ""
+        lines.append(f"  {precision}{note}: " + ", ".join(cells) if cells else f"  {precision}: no path ran")
+    return lines
+
+
+def _forced() -> str | None:
+    from .gemm import forced_path
+
+    return forced_path()
+
+
+def _picked(ranges: list | None, M: int) -> str | None:
+    for m_max, path in ranges or ():
+        if m_max is None or M <= m_max:
+            return path
+    return None
 
 
 @dataclass(frozen=True)
@@ -117,7 +162,7 @@ def choose_precision(precision: str = "auto", hw: Hardware | None = None, margin
     if precision != "auto":
         return PrecisionChoice(precision, "asked for explicitly")
     hw = hw or machine()
-    rates = f"matmuls measured here at {hw.bf16_gflops:.3g} GFLOP/s bf16 vs {hw.fp32_gflops:.0f} fp32"
+    rates = f"the best GEMMs measured here run {hw.bf16_gflops:.3g} GFLOP/s in bf16 vs {hw.fp32_gflops:.0f} in fp32"
     if not hw.bf16_native:
         return PrecisionChoice("fp32", f"bf16 is not native on this CPU ({hw.bf16_why}); {rates}")
     if hw.bf16_speedup <= margin:
@@ -158,7 +203,8 @@ def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3
 def describe_device(file=None) -> str:
     """Print (to ``file``, default stdout) and return where btlib was imported from, the device, and what it means.
 
-    Measures this CPU's fp32 and bf16 matmul rates the first time (~1-2 s, then cached on disk).
+    Measures this CPU's GEMM paths the first time (~3 s, then cached on disk): the line says which
+    path btlib takes per precision and token count, and how fast each path ran.
     """
     import btlib
     from .quick import quick_mode
@@ -168,8 +214,10 @@ def describe_device(file=None) -> str:
              f"torch {torch.__version__}, Python {platform.python_version()}"]
     cpu = machine_line({**env, "gpu": None}, rates=False)
     lines.append(f"device: {cpu}" if env["gpu"] is None else f"device: GPU {env['gpu']} (and {cpu}); the GPU cells run")
-    lines.append(f"  bf16 {'native' if env['bf16_native'] else 'not native'} ({env['bf16_why']}); matmul measured "
-                 f"{env['fp32_gflops']:.0f} GFLOP/s fp32, {env['bf16_gflops']:.3g} bf16 ({env['bf16_speedup']:.2g}x fp32)")
+    lines.append(f"  bf16 {'native' if env['bf16_native'] else 'not native'} ({env['bf16_why']}); best GEMM measured "
+                 f"{env['fp32_gflops']:.0f} GFLOP/s fp32{_via(env, 'fp32')}, {env['bf16_gflops']:.3g} bf16{_via(env, 'bf16')} "
+                 f"({env['bf16_speedup']:.2g}x fp32)")
+    lines += [f"  {line}" for line in gemm_lines(env)]
     lines.append(f'  precision="auto": {choose_precision()}')
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

@@ -1,9 +1,11 @@
-"""What this CPU is, and how fast it multiplies matrices in fp32 and bf16: measured, never assumed.
+"""What this CPU is, and how fast it multiplies matrices in fp32, bf16 and int8: measured, never assumed.
 
     >>> from btlib.hardware import machine
     >>> hw = machine()                    # doctest: +SKIP
     >>> hw.isa, hw.bf16_native, round(hw.fp32_gflops), round(hw.bf16_gflops)   # doctest: +SKIP
-    ('avx512bf16', True, 160, 610)
+    ('avx512bf16', True, 540, 1050)
+    >>> hw.gemm_pick["fp32"]             # doctest: +SKIP
+    [[None, 'onednn']]
 
 Facts (cheap, read from the OS): the CPU model, the build of btlib's C++ kernels it gets
 (:func:`btlib.kernels.cpu.build.isa`), and whether bf16 arithmetic is native:
@@ -17,37 +19,49 @@ Facts (cheap, read from the OS): the CPU model, the build of btlib's C++ kernels
 or Colab reader gets). Where bf16 is not native torch emulates it: its bf16 matmul ran below
 1 GFLOP/s on an AVX2 CPU that does 161 GFLOP/s in fp32.
 
-Rates (measured once, ~1-2 s): the best GFLOP/s of n x n matmuls at torch's current thread
-count, n up to 1024, each dtype time-boxed so an emulated bf16 stops at small n. They are cached
-in this process and on disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/; else
-nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version and threads. Only a
-measurement whose fp32 run reached the largest size goes to disk: fp32 that stops early means the
-CPU was busy with other work (or is very slow), and a rate measured then would be reused for good.
-``machine(refresh=True)`` measures again.
+Rates (measured once, ~3 s, on first use, never at import): every GEMM path of
+:mod:`btlib.gemm` at the encoder's shapes and a few token counts (:mod:`btlib.gemm_measure`),
+at torch's current thread count. ``gemm`` holds every path's rate, ``gemm_pick`` the path
+btlib.gemm.linear takes per token count, and ``fp32_gflops`` / ``bf16_gflops`` the best rate of
+that precision over every path: the yardstick for "bound", "ideal" and the bf16 factor, so that
+a kernel is compared with the fastest GEMM this machine has, never a slow library's. They are
+cached in this process and on disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/;
+else nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version, threads and the
+variables that restrict torch's ISA (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ...).
+Only a measurement whose fp32 run reached the largest size goes to disk: fp32 that stops early
+means the CPU was busy with other work (or is very slow), and a rate measured then would be
+reused for good. A cache that is corrupt, of the wrong shape or holds rates that are not finite
+and >= 0 is measured again and rewritten (one warning). ``machine(refresh=True)`` measures again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
-import time
-from dataclasses import asdict, dataclass
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_gemm_gflops", "cache_file"]
+__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file"]
 
-_VERSION = 1  # bump when the measurement changes, so old cached rates are not reused
+_VERSION = 2  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes)
+_FIELDS = ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n", "gemm", "gemm_pick")
+PATHS = ("torch", "onednn")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing
 _memo: dict[str, "Hardware"] = {}
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """One CPU as btlib sees it. Rates are GFLOP/s of n x n matmuls (n = fp32_n, bf16_n) at ``threads``."""
+    """One CPU as btlib sees it. Rates are GFLOP/s of the encoder's GEMMs at ``threads`` (btlib.gemm_measure)."""
 
     cpu: str                 # model name, e.g. "AMD EPYC 9R45"
     arch: str                # platform.machine(): x86_64, aarch64, arm64, AMD64
@@ -58,15 +72,22 @@ class Hardware:
     isa: str                 # the build of btlib's C++ kernels: avx512bf16, avx512, avx2 or portable
     bf16_native: bool
     bf16_why: str            # where bf16_native comes from, e.g. "avx512_bf16 in /proc/cpuinfo"
-    fp32_gflops: float
-    bf16_gflops: float
-    fp32_n: int
+    fp32_gflops: float       # the best fp32 GEMM rate over every path and token count
+    bf16_gflops: float       # the same in bf16
+    fp32_n: int              # the largest token count M timed in fp32 (smaller: the time box stopped it)
     bf16_n: int
+    gemm: dict = field(default_factory=dict, compare=False)       # {precision: {path: {str(M): GFLOP/s}}}, int8 too
+    gemm_pick: dict = field(default_factory=dict, compare=False)  # {"fp32" | "bf16": [[M_max | None, path], ...]}
 
     @property
     def bf16_speedup(self) -> float:
-        """bf16 rate / fp32 rate (below 1: bf16 is slower)."""
+        """best bf16 rate / best fp32 rate (below 1: bf16 is slower)."""
         return self.bf16_gflops / self.fp32_gflops if self.fp32_gflops else 0.0
+
+    def best(self, precision: str) -> tuple[str, int, float] | None:
+        """(path, M, GFLOP/s) of the fastest measured GEMM in ``precision`` ("fp32", "bf16", "int8"), or None."""
+        found = [(p, int(M), r) for p, by_M in self.gemm.get(precision, {}).items() for M, r in by_M.items()]
+        return max(found, key=lambda f: f[2]) if found else None
 
 
 def _cpuinfo() -> str:
@@ -123,37 +144,6 @@ def bf16_native() -> tuple[bool, str]:
     return False, f"no bf16 detection for {platform.system()} {platform.machine()}"
 
 
-_SIZES = (256, 512, 1024)
-
-
-def measure_gemm_gflops(dtype: torch.dtype, budget_s: float = 0.6, sizes: tuple[int, ...] = _SIZES) -> tuple[float, int]:
-    """(best GFLOP/s, largest n timed) of (n, n) @ (n, n) in ``dtype``, within about ``budget_s`` seconds.
-
-    Grows n only while the predicted time of the next size (8x per doubling) fits the budget, so an
-    emulated bf16 (~1 GFLOP/s: 34 ms at n=256) stops early instead of taking seconds per call.
-    """
-    g = torch.Generator().manual_seed(0)  # a local generator: the global RNG stays untouched
-    best, n_done = 0.0, 0
-    deadline = time.perf_counter() + budget_s
-    with torch.no_grad():
-        for n in sizes:
-            a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
-            c = torch.empty(n, n, dtype=dtype)
-            t0 = time.perf_counter()
-            torch.mm(a, b, out=c)  # warm-up: weight packing, first-touch of c
-            last = time.perf_counter() - t0
-            for _ in range(5):
-                if time.perf_counter() + last > deadline and n_done:
-                    break
-                t0 = time.perf_counter()
-                torch.mm(a, b, out=c)
-                last = time.perf_counter() - t0
-                best, n_done = max(best, 2 * n**3 / last / 1e9), n
-            if time.perf_counter() + 2 * 8 * last > deadline:
-                break
-    return best, n_done
-
-
 def cache_file() -> Path | None:
     """$TORCH_EXTENSIONS_DIR/btlib_hardware.json, else <checkout>/build/btlib_hardware.json, else None."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
@@ -162,40 +152,109 @@ def cache_file() -> Path | None:
     return root / "build" / "btlib_hardware.json" if (root / "pyproject.toml").is_file() else None
 
 
+# Variables that restrict what torch's GEMM libraries may use (README: "what an AVX2-only laptop gets"): rates
+# measured under them are another machine's, so they are part of the cache key.
+_ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
+
+
 def _key(threads: int) -> str:
-    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}"
+    limits = ",".join(f"{v}={os.environ[v]}" for v in _ISA_VARS if os.environ.get(v))
+    facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}|{limits}"
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
-def _read_cache(path: Path | None, key: str) -> dict | None:
+def _bad_rate(value) -> bool:
+    return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+
+
+def _problem(entry) -> str | None:
+    """Why a cached entry cannot be trusted (None: it can): wrong shape, missing keys, rates not finite and >= 0."""
+    if not isinstance(entry, dict):
+        return f"an entry is a {type(entry).__name__}, not an object"
+    missing = sorted(set(_FIELDS) - set(entry))
+    if missing:
+        return f"an entry lacks {', '.join(missing)}"
+    for name in ("fp32_gflops", "bf16_gflops"):
+        if _bad_rate(entry[name]) or (name == "fp32_gflops" and entry[name] == 0):
+            return f"{name} is {entry[name]!r}, not a positive finite rate"
+    for name in ("fp32_n", "bf16_n"):
+        if isinstance(entry[name], bool) or not isinstance(entry[name], int) or entry[name] < 0:
+            return f"{name} is {entry[name]!r}, not a size"
+    gemm, pick = entry["gemm"], entry["gemm_pick"]
+    if not isinstance(gemm, dict) or not all(isinstance(by_path, dict) and all(
+            isinstance(by_M, dict) and all(isinstance(M, str) and M.isdigit() and not _bad_rate(r) for M, r in by_M.items())
+            for by_M in by_path.values()) for by_path in gemm.values()):
+        return "gemm is not {precision: {path: {M: rate >= 0}}}"
+    if not isinstance(pick, dict) or not all(isinstance(ranges, list) and ranges and all(
+            isinstance(r, list) and len(r) == 2 and (r[0] is None or (type(r[0]) is int and r[0] > 0)) and r[1] in PATHS
+            for r in ranges) and ranges[-1][0] is None for ranges in pick.values()):
+        return f"gemm_pick is not {{precision: [[M_max, path in {PATHS}], ..., [None, path]]}}"
+    return None
+
+
+def _read_cache(path: Path | None, key: str) -> tuple[dict | None, str | None]:
+    """(the entry for key or None, why the file or that entry cannot be used or None)."""
+    if path is None or not path.is_file():
+        return None, None
     try:
-        return json.loads(path.read_text()).get(key) if path else None
-    except (OSError, ValueError, AttributeError):
-        return None
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"it is not readable JSON ({type(e).__name__})"
+    if not isinstance(entries, dict):
+        return None, f"it holds a JSON {type(entries).__name__}, not an object"
+    if key not in entries:
+        return None, None
+    problem = _problem(entries[key])
+    return (None, problem) if problem else (entries[key], None)
 
 
 def _write_cache(path: Path | None, key: str, rates: dict) -> None:
+    """Add key -> rates to the cache file atomically (a temp file beside it, then os.replace).
+
+    Entries the file already holds for other keys are kept; a file that is not a JSON object is
+    replaced. Nothing is left behind when writing fails (read-only checkout, the path a directory):
+    the rates then stay cached in this process only.
+    """
     if path is None:
         return
     try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    entries[key] = rates
+    tmp = None
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            entries = {}
-        entries[key] = rates
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f, indent=1)
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        tmp = None
     except OSError:
-        pass  # a read-only checkout: the rates stay cached in this process only
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _warn_once(path: Path, problem: str) -> None:
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        warnings.warn(f"btlib's hardware cache {path}: {problem}; measuring this machine's GEMM rates again "
+                      "and rewriting it", stacklevel=3)
 
 
 def machine(*, refresh: bool = False) -> Hardware:
     """This machine's :class:`Hardware`, rates at the current torch thread count (measured once, then cached).
 
-    refresh: measure again and overwrite the cached rates.
+    refresh: measure again and overwrite the cached rates. A cache file or entry that is corrupt,
+    of the wrong shape or holds rates that are not finite and >= 0 is measured again and rewritten
+    (with one warning per file).
     """
+    from . import gemm
+    from .gemm_measure import TOKENS
     from .kernels.cpu.build import isa  # cheap: reads /proc/cpuinfo, never compiles
 
     threads = torch.get_num_threads()
@@ -205,18 +264,26 @@ def machine(*, refresh: bool = False) -> Hardware:
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
     path = cache_file()
-    rates = None if refresh else _read_cache(path, key)
+    rates, problem = (None, None) if refresh else _read_cache(path, key)
+    if problem:
+        _warn_once(path, problem)
     if rates is None:
-        fp32, fp32_n = measure_gemm_gflops(torch.float32)
-        bf16, bf16_n = measure_gemm_gflops(torch.bfloat16)
-        rates = {"fp32_gflops": fp32, "bf16_gflops": bf16, "fp32_n": fp32_n, "bf16_n": bf16_n}
-        if fp32_n == _SIZES[-1]:  # else kept for this process only (see the module docstring)
+        rates = measure_rates()
+        if rates["fp32_n"] == TOKENS[-1]:  # else kept for this process only (see the module docstring)
             _write_cache(path, key, rates)
     hw = Hardware(cpu=cpu_name(), arch=platform.machine(), cores=os.cpu_count() or 1, threads=threads,
                   torch=torch.__version__, torch_capability=torch.backends.cpu.get_cpu_capability(), isa=isa(),
-                  bf16_native=native, bf16_why=why, **rates)
+                  bf16_native=native, bf16_why=why, **{k: rates[k] for k in _FIELDS})
     _memo[memo_key] = hw
+    gemm._plans.clear()  # the GEMM choice follows the newest measurement
     return hw
+
+
+def measure_rates() -> dict:
+    """A fresh measurement of every GEMM path (btlib.gemm_measure.measure_paths, ~3 s), in the cache's shape."""
+    from .gemm_measure import measure_paths
+
+    return measure_paths()
 
 
 def as_dict(hw: Hardware) -> dict:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
 from .padding import _pack, _unpack, check_cu_seqlens, check_lengths, padding_mask_to_lengths
@@ -75,14 +76,23 @@ def _check_layer(i: int, layer: nn.Module) -> None:
         raise ValueError(f"{where}: PackedEncoder needs plain self-attention (no kdim/vdim, add_bias_kv, add_zero_attn)")
 
 
-def _dropout_in_training(layers: nn.ModuleList) -> str | None:
-    """Which dropout would be applied (module name and p), or None: in eval mode, or every p is 0."""
+def _dropouts(layers: nn.ModuleList) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every dropout the layers' forward could apply: each self-attention (its float p) and
+    every nn.Dropout inside a layer (its dropout1/2 and any inside a custom activation). Found once per encoder."""
+    found = []
     for i, layer in enumerate(layers):
-        if layer.self_attn.training and layer.self_attn.dropout > 0:
-            return f"layers.{i}.self_attn.dropout={layer.self_attn.dropout}"
-        for name, m in layer.named_modules():
-            if isinstance(m, nn.Dropout) and m.training and m.p > 0:
-                return f"layers.{i}.{name} (p={m.p})"
+        found.append((f"layers.{i}.self_attn.dropout", layer.self_attn))
+        found += [(f"layers.{i}.{name}", m) for name, m in layer.named_modules() if isinstance(m, nn.Dropout)]
+    return found
+
+
+def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
+    """Which dropout would be applied (module name and p), or None: in eval mode, or every p is 0.
+    A flag test per module (~5 us for 6 layers), not a walk over every submodule (~150 us) per forward."""
+    for name, m in dropouts:
+        p = m.dropout if isinstance(m, nn.MultiheadAttention) else m.p
+        if m.training and p > 0:
+            return f"{name}={p}" if isinstance(m, nn.MultiheadAttention) else f"{name} (p={p})"
     return None
 
 
@@ -103,6 +113,8 @@ class PackedEncoder(nn.Module):
         self.attention_backend = attention_backend
         self.batch_first = batch_first
         self.precision = None  # the PrecisionChoice from from_module(precision=...), printable; None: as given
+        self._dropouts = _dropouts(layers)
+        self._kernels: dict[tuple, Kernel] = {}  # (dtype, device, needs_grad) -> the varlen kernel, selected once
 
     @classmethod
     def from_module(cls, encoder: nn.TransformerEncoder | nn.TransformerEncoderLayer, *, attention_backend: str = "auto",
@@ -184,7 +196,7 @@ class PackedEncoder(nn.Module):
 
     def _layers(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         """Every layer on checked packed tokens, with one attention kernel chosen for all of them."""
-        if (active := _dropout_in_training(self.layers)) is not None:
+        if (active := _dropout_in_training(self._dropouts)) is not None:
             raise RuntimeError(f"PackedEncoder applies no dropout, but {active} is in training mode: call .eval() "
                                "for inference, or train with the PyTorch module itself")
         kernel = self._kernel(x)
@@ -202,30 +214,32 @@ class PackedEncoder(nn.Module):
         a = self.layers[0].self_attn
         head_dim = max(layer.self_attn.head_dim for layer in self.layers)  # the largest head decides max_head_dim
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        return registry.select("varlen", x.new_empty(0, a.num_heads, head_dim), False, self.attention_backend,
-                               needs_grad=needs_grad)
+        key = (x.dtype, x.device, needs_grad, self.attention_backend)
+        if key not in self._kernels:  # ~80 us a selection: once per dtype, not per forward (one query's budget is ~2 ms)
+            self._kernels[key] = registry.select("varlen", x.new_empty(0, a.num_heads, head_dim), False,
+                                                 self.attention_backend, needs_grad=needs_grad)
+        return self._kernels[key]
 
     @staticmethod
     def _attention(layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel) -> Tensor:
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
-        qkv = F.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, H, d // H)  # (total, 3, H, Dh)
+        qkv = gemm.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, H, d // H)  # (total, 3, H, Dh)
         # Strided views, not copies: every varlen kernel takes any strides with head_dim contiguous,
         # which saves writing 3 * total * d floats per layer into freshly faulted-in pages.
         q, k, v = qkv.unbind(1)  # (total, H, Dh) each
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)  # (total, H, Dh)
-        return a.out_proj(o.view(total, d))
+        return gemm.module_linear(a.out_proj, o.view(total, d))
 
     @staticmethod
     def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
         kind = _fused_kind(layer)
-        # On CUDA _addmm_activation's GELU is the tanh approximation (cuBLASLt's epilogue): fuse it on the CPU only.
-        # _addmm_activation has no derivative: when autograd needs one, take the unfused ops.
-        fusable = not (torch.is_grad_enabled() and (x.requires_grad or layer.linear1.weight.requires_grad))
-        if fusable and kind is not None and layer.linear1.bias is not None and (kind == "relu" or x.device.type == "cpu"):
-            # bias + activation fused into the GEMM's epilogue: one pass over the (total, d_ff) activations, not three
-            h = torch._addmm_activation(layer.linear1.bias, x, layer.linear1.weight.t(), use_gelu=kind == "gelu")
+        # bias + activation fused into the GEMM's epilogue where the path has one (btlib.gemm): one pass over
+        # the (total, d_ff) activations, not three; any other activation runs as given
+        if kind is not None:
+            h = gemm.linear(x, layer.linear1.weight, layer.linear1.bias, activation=kind)
         else:
-            h = layer.activation(layer.linear1(x))
-        return layer.linear2(h)
+            h = layer.activation(gemm.linear(x, layer.linear1.weight, layer.linear1.bias))
+        return gemm.module_linear(layer.linear2, h)
+

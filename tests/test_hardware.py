@@ -26,34 +26,109 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path
 
 
+def rates(fp32=200.0, bf16=800.0, fp32_n=1024):
+    """A measurement as btlib.gemm_measure.measure_paths returns it (fp32: onednn wins at 12 tokens, torch above)."""
+    return {"fp32_gflops": fp32, "bf16_gflops": bf16, "fp32_n": fp32_n, "bf16_n": 1024,
+            "gemm": {"fp32": {"torch": {"12": fp32 / 4, "1024": fp32}, "onednn": {"12": fp32 / 2, "1024": fp32 / 2}},
+                     "bf16": {"torch": {"12": bf16 / 4, "1024": bf16}}, "int8": {"int_mm": {"12": 30.0, "1024": 500.0}}},
+            "gemm_pick": {"fp32": [[111, "onednn"], [None, "torch"]], "bf16": [[None, "torch"]]}}
+
+
 def test_machine_measures_once_and_caches_on_disk(fresh, monkeypatch):
-    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (200.0 if dtype == torch.float32 else 800.0, 1024))
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates())
     hw = hardware.machine()
     assert hw.fp32_gflops == 200.0 and hw.bf16_gflops == 800.0 and hw.threads == torch.get_num_threads()
+    assert hw.gemm_pick["fp32"] == [[111, "onednn"], [None, "torch"]] and hw.best("int8") == ("int_mm", 1024, 500.0)
     assert hw.isa in ("avx512bf16", "avx512", "avx2", "portable")
     assert hardware.machine() is hw  # in-process
     cached = json.loads((fresh / "btlib_hardware.json").read_text())
-    assert list(cached.values()) == [{k: getattr(hw, k) for k in ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n")}]
+    assert list(cached.values()) == [rates()]
     hardware._memo.clear()
-    assert hardware.machine() == hw  # from disk: the same rates, not re-measured
+    monkeypatch.setattr(hardware, "measure_rates", lambda: pytest.fail("measured again"))
+    again = hardware.machine()  # from disk: the same rates, not re-measured
+    assert again == hw and again.gemm == hw.gemm and again.gemm_pick == hw.gemm_pick
+    assert list(fresh.iterdir()) == [fresh / "btlib_hardware.json"]  # the write left no temp file
 
 
 def test_a_measurement_cut_short_is_not_cached_on_disk(fresh, monkeypatch):
-    # fp32 stopping at n=256 inside its time box: the CPU was busy; keep the rates for this process only
-    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (1.0, 256))
+    # fp32 stopping at 12 tokens inside its time box: the CPU was busy; keep the rates for this process only
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates(1.0, 0.5, fp32_n=12))
     hw = hardware.machine()
     assert hw.fp32_gflops == 1.0 and hardware.machine() is hw
     assert not (fresh / "btlib_hardware.json").exists()
-    monkeypatch.setattr(hardware, "measure_gemm_gflops", lambda dtype: (200.0, 1024))
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates())
     assert hardware.machine(refresh=True).fp32_gflops == 200.0 and (fresh / "btlib_hardware.json").exists()
 
 
-def test_measurement_is_time_boxed():
+def _key():
+    return hardware._key(torch.get_num_threads())
+
+
+BAD_CACHES = {
+    "a JSON list": lambda: [1, 2],
+    "not JSON": lambda: "{ torn write",
+    "an entry that is a list": lambda: {_key(): [200.0]},
+    "an entry missing keys": lambda: {_key(): {"fp32_gflops": 200.0}},
+    "a NaN rate": lambda: {_key(): {**rates(), "fp32_gflops": float("nan")}},
+    "a negative rate": lambda: {_key(): {**rates(), "bf16_gflops": -5.0}},
+    "an infinite rate": lambda: {_key(): {**rates(), "fp32_gflops": float("inf")}},
+    "an infinite path rate": lambda: {_key(): {**rates(), "gemm": {"fp32": {"torch": {"12": float("inf")}}}}},
+    "an unknown picked path": lambda: {_key(): {**rates(), "gemm_pick": {"fp32": [[None, "magic"]]}}},
+}
+
+
+@pytest.mark.parametrize("bad", BAD_CACHES)
+def test_a_poisoned_cache_is_measured_again_and_rewritten_warning_once(fresh, monkeypatch, bad):
+    """Regression (issue 22.5): a JSON list gave a TypeError on every later call; NaN, negative or infinite rates
+    were trusted; an entry missing keys raised TypeError in Hardware(**entry)."""
+    content = BAD_CACHES[bad]()
+    path = fresh / "btlib_hardware.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    measured = []
+    monkeypatch.setattr(hardware, "measure_rates", lambda: measured.append(1) or rates())
+    monkeypatch.setattr(hardware, "_warned", set())
+    with pytest.warns(UserWarning, match="hardware cache .*measuring this machine's GEMM rates again"):
+        hw = hardware.machine()
+    assert measured == [1] and hw.fp32_gflops == 200.0
+    assert json.loads(path.read_text()) == {_key(): rates()}  # rewritten, whole
+    hardware._memo.clear()
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per file
+        assert hardware.machine().fp32_gflops == 200.0 and measured == [1, 1]
+
+
+def test_a_cache_path_that_is_a_directory_leaves_nothing_behind(fresh, monkeypatch):
+    """Regression (issue 22.5): the failed os.replace left btlib_hardware.<pid>.tmp beside the directory."""
+    (fresh / "btlib_hardware.json").mkdir()
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates())
+    assert hardware.machine().fp32_gflops == 200.0  # kept in this process
+    assert [p.name for p in fresh.iterdir()] == ["btlib_hardware.json"] and (fresh / "btlib_hardware.json").is_dir()
+
+
+def test_a_write_keeps_other_machines_entries(fresh, monkeypatch):
+    path = fresh / "btlib_hardware.json"
+    path.write_text(json.dumps({"other-machine": rates(100.0)}))
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates())
+    hardware.machine()
+    assert json.loads(path.read_text()) == {"other-machine": rates(100.0), _key(): rates()}
+
+
+def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     import time
 
+    from btlib import gemm_measure
+
     t0 = time.perf_counter()
-    rate, n = hardware.measure_gemm_gflops(torch.bfloat16, budget_s=0.3)
-    assert rate > 0 and n >= 256 and time.perf_counter() - t0 < 3
+    out = gemm_measure.measure_paths({"fp32": 0.3, "bf16": 0.2, "int8": 0.1})
+    assert time.perf_counter() - t0 < 8  # budgets 0.6 s + one round past a box on a busy CPU
+    fp32 = out["gemm"]["fp32"]
+    assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
+    assert out["fp32_gflops"] == max(r for by_M in fp32.values() for r in by_M.values())
+    assert out["gemm_pick"]["fp32"][-1][0] is None and hardware._problem(out) is None
+    assert gemm_measure.picks({"torch": {12: 50.0, 128: 150.0, 1024: 180.0}, "onednn": {12: 100.0, 128: 140.0}}) == \
+        [[39, "onednn"], [None, "torch"]]
+    assert gemm_measure.picks({"torch": {12: 5.0, 1024: 9.0}, "onednn": {12: 6.0, 1024: 10.0}}) == [[None, "onednn"]]
 
 
 def test_describe_machine_is_the_one_source():
@@ -63,7 +138,7 @@ def test_describe_machine_is_the_one_source():
     env = device.describe_machine()
     assert {"cpu", "threads", "torch", "gpu", "isa", "bf16_native", "fp32_gflops", "bf16_gflops"} <= set(env)
     line = device.machine_line(env)
-    assert f"btlib kernels {env['isa']}" in line and "GFLOP/s fp32" in line
+    assert f"btlib kernels {env['isa']}" in line and "GFLOP/s fp32" in line and {"gemm", "gemm_pick"} <= set(env)
     assert device.machine_line({"cpu": "old row", "threads": 2, "cpu_count": 2, "torch": "2.5"}).startswith("CPU old row")
 
 
@@ -118,6 +193,7 @@ def test_packed_encoder_bf16_on_a_non_native_cpu_warns_once_and_auto_is_fp32(fre
 def test_describe_device_prints_the_machine_line(capsys):
     text = device.describe_device()
     assert "btlib kernels" in text and "GFLOP/s fp32" in text and 'precision="auto":' in text
+    assert "GEMM at the encoder's shapes" in text and "* the path btlib takes" in text and "*" in text.split("tokens (")[1]
 
 
 def test_import_measures_nothing():
@@ -152,3 +228,11 @@ def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch):
     assert len(slow) == 1 and "converted to fp32" in str(slow[0].message) and "BTLIB_ASSUME_NO_BF16" in str(slow[0].message)
     ref = btlib.reference_attention(q.float(), q.float(), q.float())
     assert btlib.kernels.relative_error(first.float(), ref) < 2e-2
+
+
+def test_rates_measured_with_torch_restricted_are_kept_apart(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (the README's AVX2-laptop recipe) measures another machine: another cache key."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    plain = hardware._key(2)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert hardware._key(2) != plain

@@ -4,6 +4,7 @@ One layer, on x (total, d) packed tokens with cu_seqlens (B + 1,) int32 (transfo
 
     h = attn_norm(x)                       LayerNorm (layer 0: identity, the embeddings' norm comes first)
     q, k, v = (h Wqkv^T).chunk(3)          (total, H, Dh) each                    6 d^2 FLOPs per token
+                                           (every GEMM through btlib.gemm.linear: the path measured fastest here)
     q, k = rope(q, p), rope(k, p)          p = position inside its own sequence (restarts at 0)
     o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=(w, w) | None)
     x = x + o Wo^T                                                                2 d^2
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import gemm
 from ..attention import varlen_attention
 from .modernbert_config import ModernBertSpec
 
@@ -122,19 +124,18 @@ class ModernBertLayer(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
         total, d = x.shape
-        qkv = self.attn.Wqkv(self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
+        qkv = gemm.module_linear(self.attn.Wqkv, self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
         # q and k rotate in one pass; v stays a strided view (the kernels take any head_dim-contiguous strides)
         q, k = apply_rope(qkv[:, :2], *rope).unbind(1)  # (total, H, Dh) each
         v = qkv[:, 2]
         o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
         x = _residual(x, o.reshape(total, d), self.attn.Wo)
-        u, g = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
+        u, g = gemm.module_linear(self.mlp.Wi, self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
         return _residual(x, self.act(u) * g, self.mlp.Wo)
 
 
 def _residual(x: Tensor, h: Tensor, linear: nn.Linear) -> Tensor:
-    """x + linear(h) with the residual added inside the GEMM (addmm's beta = 1: C = x + h W^T), so the
-    (total, d) sum is not a separate read-read-write pass. Autograd differentiates addmm as it does
-    linear + add; a bias is added after (no bias in the published ModernBERT checkpoints)."""
-    out = torch.addmm(x, h, linear.weight.t())
-    return out if linear.bias is None else out + linear.bias
+    """x + linear(h) with the residual added inside the GEMM (oneDNN's binary-add epilogue, or addmm's
+    beta = 1: C = x + h W^T; btlib.gemm picks), so the (total, d) sum is not a separate read-read-write
+    pass. Autograd takes addmm, which it differentiates as linear + add."""
+    return gemm.module_linear(linear, h, residual=x)

@@ -1,0 +1,234 @@
+"""Every GEMM path btlib takes on a CPU, behind one function, with ``F.linear`` as the fallback.
+
+    y = act(x W^T + b) (+ residual)      x (M, K), W (N, K) -> y (M, N), M = tokens in the batch
+
+Paths for fp32 and bf16 (what :func:`linear` runs):
+
+    torch    F.linear: MKL sgemm on x86 (OpenBLAS or another BLAS as torch was built); bias added
+             by the GEMM, activation and residual as separate passes
+    onednn   oneDNN with W reordered once into its blocked layout (cached per weight and dtype) and
+             bias, exact GELU / ReLU or a residual add fused into the GEMM's epilogue:
+             torch.ops.mkldnn._reorder_linear_weight + _linear_pointwise, the ops inductor's
+             freezing pass emits
+
+int8 paths, measured for the device line only (btlib.quant runs int8):
+
+    int_mm       torch._int_mm: int8 x int8 -> int32, scales applied after
+    onednn_int8  torch.ops.onednn.qlinear_prepack + qlinear_pointwise: uint8 activations,
+                 per-channel int8 weights, fp32 out
+
+Which path is fastest is a fact about the CPU and the token count M, not about the library: on
+an AMD Zen 5 oneDNN pre-packed ran MiniLM's GEMMs at 2048 tokens 2.3x faster than F.linear (MKL);
+on a Zen 3 oneDNN won at 12 tokens (~100 vs ~55 GFLOP/s) and MKL at 1024+. So
+:mod:`btlib.gemm_measure` times every path here at the encoder's shapes, and :func:`linear`
+takes the fastest for the precision and M (:func:`plan`). ``BTLIB_GEMM=torch`` or ``onednn``
+forces a path (for comparisons), ``with forcing(path):`` does so for a block, ``path=`` for one call.
+
+Every private torch op btlib uses for GEMMs is called in this module and nowhere else. A path
+whose op is missing, refuses the input (oneDNN bf16 needs AVX-512 or AVX-NE-CONVERT) or raises
+falls back to F.linear, and stays off for that dtype in this process. Autograd and non-CPU
+tensors always take F.linear (the oneDNN ops have no derivative here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+import weakref
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "forcing", "forced_path",
+           "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
+
+PATHS = ("torch", "onednn")
+INT8_PATHS = ("int_mm", "onednn_int8")
+ACTIVATIONS = ("none", "gelu", "relu")
+_FLOAT = (torch.float32, torch.bfloat16)
+
+_packs: dict[int, tuple[weakref.ref, int, Tensor]] = {}  # id(W) -> (W alive?, W's version, packed W)
+_broken: dict[tuple[str, torch.dtype], str] = {}  # (path, dtype) -> why it fell back (off for this process)
+_plans: dict[tuple, tuple[tuple[int | None, str], ...]] = {}  # (threads, dtype, BTLIB_GEMM) -> ((M_max, path), ...)
+_lock = threading.Lock()
+_forcing: contextvars.ContextVar[str | None] = contextvars.ContextVar("btlib_gemm_forcing", default=None)
+
+
+@contextlib.contextmanager
+def forcing(path: str | None) -> Iterator[None]:
+    """Inside the block (this thread / task), every :func:`linear` takes ``path`` ("torch" or "onednn"; None:
+    BTLIB_GEMM or the measured choice): how benchmarks compare the paths side by side in one process."""
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS} or None; got {path!r}")
+    token = _forcing.set(path)
+    try:
+        yield
+    finally:
+        _forcing.reset(token)
+
+
+def forced_path() -> str | None:
+    """The path forced by :func:`forcing`, else BTLIB_GEMM's (None: neither, take the measured choice).
+    Raises ValueError on an unknown BTLIB_GEMM."""
+    if (path := _forcing.get()) is not None:
+        return path
+    value = os.environ.get("BTLIB_GEMM", "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in PATHS:
+        raise ValueError(f"BTLIB_GEMM must be one of {PATHS} or auto; got {value!r}")
+    return value
+
+
+def path_available(path: str, dtype: torch.dtype = torch.float32) -> str | None:
+    """None if ``path`` can run ``dtype`` GEMMs in this torch (as far as is known before trying); else why not."""
+    if path == "torch":
+        return None
+    if path == "onednn":
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+            return "this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)"
+        return _broken.get((path, dtype))
+    if path == "int_mm":
+        return None if hasattr(torch, "_int_mm") else "this torch has no torch._int_mm"
+    if path == "onednn_int8":
+        return None if hasattr(torch.ops.onednn, "qlinear_pointwise") else "this torch has no onednn.qlinear_pointwise"
+    raise ValueError(f"path must be one of {PATHS + INT8_PATHS}; got {path!r}")
+
+
+def _version(w: Tensor) -> int:
+    try:
+        return w._version
+    except RuntimeError:  # an inference tensor: no version counter, and no in-place change outside inference mode
+        return -1
+
+
+def pack(weight: Tensor) -> Tensor:
+    """W (N, K) fp32 or bf16 -> oneDNN's blocked copy of it, made once and reused while W is alive and unchanged.
+
+    Keyed by the tensor object and its version counter: an in-place update (load_state_dict, copy_)
+    makes a new pack. Memory: one extra copy of every weight that runs through oneDNN.
+    """
+    key = id(weight)
+    hit = _packs.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == _version(weight):
+        return hit[2]
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    with _lock:
+        if hit is None or hit[0]() is not weight:
+            weakref.finalize(weight, _packs.pop, key, None)  # drop the pack with the weight
+        _packs[key] = (weakref.ref(weight), _version(weight), packed)
+    return packed
+
+
+def plan(dtype: torch.dtype) -> tuple[tuple[int | None, str], ...]:
+    """((M_max, path), ...) for ``dtype``: the path for M <= M_max, the last entry (M_max None) for the rest.
+
+    From BTLIB_GEMM where set, else from :func:`btlib.hardware.machine`'s measured choice (measured
+    once per thread count, a few seconds, then cached on disk); dtypes it did not measure take F.linear.
+    """
+    forced = forced_path()
+    key = (torch.get_num_threads(), dtype, forced)
+    got = _plans.get(key)
+    if got is None:
+        if forced is not None:
+            got = ((None, forced),)
+        else:
+            from .hardware import machine
+
+            precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype)
+            picks = machine().gemm_pick.get(precision) if precision else None
+            got = tuple((m, p) for m, p in picks) if picks else ((None, "torch"),)
+        _plans[key] = got
+    return got
+
+
+def _choose(dtype: torch.dtype, M: int) -> str:
+    for m_max, path in plan(dtype):
+        if m_max is None or M <= m_max:
+            return path
+    return "torch"
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
+           residual: Tensor | None = None, *, path: str | None = None) -> Tensor:
+    """act(x W^T + b) + residual by the fastest GEMM path measured here for x's dtype and M rows.
+
+    x: (M, K) or (..., K), fp32 or bf16 (other dtypes: F.linear); weight: (N, K) in x's dtype;
+    bias: (N,) or None; activation: "none", "gelu" (exact, erf) or "relu", applied before the
+    residual; residual: x's leading shape + (N,), or None. Returns (..., N) in x's dtype.
+    path: "torch" or "onednn" forces one (default: BTLIB_GEMM, else :func:`plan`'s choice for M).
+    oneDNN's result differs from F.linear's only by summation order (within 1e-5 relative in fp32).
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}; got {path!r}")
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
+    if x.device.type == "cpu" and x.dtype in _FLOAT and weight.dtype == x.dtype and not grad:
+        chosen = path or _choose(x.dtype, x.shape[:-1].numel())
+        if chosen == "onednn" and path_available("onednn", x.dtype) is None:
+            try:
+                return _onednn(x, weight, bias, activation, residual)
+            except RuntimeError as e:  # e.g. bf16 without AVX-512: mkldnn_reorder_linear_weight refuses
+                y = _torch(x, weight, bias, activation, residual, grad)  # a wrong input raises here, with torch's message
+                _broken[("onednn", x.dtype)] = f"oneDNN raised: {str(e).splitlines()[0][:200]}"
+                _plans.clear()
+                return y
+    return _torch(x, weight, bias, activation, residual, grad)
+
+
+def module_linear(module: torch.nn.Linear, x: Tensor, residual: Tensor | None = None) -> Tensor:
+    """module(x) (+ residual) by :func:`linear`'s path; through the module itself where forward hooks watch it
+    (SmoothQuant's calibration, a user's probes), so they run as in PyTorch's own forward."""
+    m = torch.nn.modules.module
+    if module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks:
+        y = module(x)
+        return y if residual is None else y + residual
+    return linear(x, module.weight, module.bias, residual=residual)
+
+
+def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:
+    w = pack(weight)
+    if residual is not None and activation == "none":
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual.to(x.dtype), w, bias, "add")
+    y = torch.ops.mkldnn._linear_pointwise(x, w, bias, activation, [], "none" if activation == "gelu" else "")
+    return y if residual is None else y + residual
+
+
+def _torch(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None, grad: bool) -> Tensor:
+    if residual is not None and activation == "none" and x.dim() == 2:
+        y = torch.addmm(residual, x, weight.t())  # the residual as addmm's C (beta = 1): one pass fewer
+        return y if bias is None else y + bias
+    if activation != "none" and bias is not None and x.dim() == 2 and not grad and (
+            activation == "relu" or x.device.type == "cpu"):
+        # bias + activation in the GEMM's epilogue: one pass over the (M, N) activations, not three. CPU only
+        # for GELU (on CUDA the epilogue's GELU is the tanh approximation); no derivative, so not under autograd
+        y = torch._addmm_activation(bias, x, weight.t(), use_gelu=activation == "gelu")
+    else:
+        y = F.linear(x, weight, bias)
+        y = F.gelu(y) if activation == "gelu" else F.relu(y) if activation == "relu" else y
+    return y if residual is None else y + residual
+
+
+def int8_matmul(x: Tensor, w_t: Tensor) -> Tensor:
+    """torch._int_mm: x (M, K) int8 @ w_t (K, N) int8 -> (M, N) int32 (exact integer sums)."""
+    return torch._int_mm(x, w_t)
+
+
+def onednn_int8_pack(w: Tensor, x_shape: tuple[int, int]) -> Tensor:
+    """w (N, K) int8 per-channel-quantized -> oneDNN's packed int8 weight for inputs of shape x_shape."""
+    return torch.ops.onednn.qlinear_prepack(w, list(x_shape))
+
+
+def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: Tensor, w_scale: Tensor,
+                       bias: Tensor | None) -> Tensor:
+    """oneDNN int8 linear: qx (M, K) uint8 (x = (qx - zp) * scale), packed_w from :func:`onednn_int8_pack`,
+    w_scale (N,) float32 -> (M, N) float32, bias (N,) float32 added."""
+    zeros = torch.zeros(w_scale.shape, dtype=torch.int64)
+    return torch.ops.onednn.qlinear_pointwise(qx, x_scale, x_zero_point, packed_w, w_scale, zeros, bias, 1.0, 0,
+                                              torch.float32, "none", [], "")
