@@ -133,6 +133,8 @@ class BatchEncoder:
     def submit(self, texts: Sequence[str], *, truncate: bool = True) -> Future:
         """Queue ``texts`` (a list of str); returns a Future of their (len(texts), d) float32 embeddings.
 
+        The future's ``tokens`` attribute is the request's token count (what OpenAI's API reports as usage).
+
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
         (truncate=False and a text too long), TypeError for texts that are not a list of str,
         ValueError for more texts than ``max_queue``, RuntimeError after :meth:`close`.
@@ -142,10 +144,11 @@ class BatchEncoder:
         if len(texts) > self.max_queue:
             raise ValueError(f"{len(texts)} texts in one request exceed max_queue={self.max_queue}; split the request")
         future: Future = Future()
+        future.tokens = 0
         if not texts:
             future.set_result(self.model.encode([], batch_size=1, precision=self.precision))
             return future
-        tokens = sum(self.count_tokens(texts, truncate=truncate))
+        tokens = future.tokens = sum(self.count_tokens(texts, truncate=truncate))
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEncoder is closed")
