@@ -30,7 +30,7 @@ from ..serve.batcher import BatchEncoder
 from ..serve.load import max_rate, rss_mb, run_load, workload
 from .core import Benchmark, Provider, declare
 
-__all__ = ["METHODS", "make_batcher", "issue_table", "PaddedTransformers", "OrtPadded"]
+__all__ = ["METHODS", "LABELS", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
 
 SLO_MS = 250.0
 METHODS = ("encode_per_request", "packed_fp32", "packed_bf16", "padded_transformers", "tei_ort_padded", "ort_per_request")
@@ -78,7 +78,8 @@ class OrtPadded:
         return ort_encode(self.session, ids, len(ids), sort=False, pad_id=self.pad)
 
 
-def _why_not(method: str) -> str | None:
+def why_not_available(method: str) -> str | None:
+    """None if ``method`` can run here, else why not (bf16 not native, a package missing)."""
     if method == "packed_bf16":
         from ..device import bf16_slow_reason
 
@@ -137,7 +138,7 @@ def _provider(method: str) -> Provider:
         with make_batcher(method) as b:
             return _Answer(b.encode(inputs["check"], timeout=120), method)
 
-    return Provider(method, fn, available=lambda: _why_not(method), label=LABELS[method], tol=1e-2 if method == "packed_bf16" else None)
+    return Provider(method, fn, available=lambda: why_not_available(method), label=LABELS[method], tol=1e-2 if method == "packed_bf16" else None)
 
 
 def _inputs(p: dict) -> dict:

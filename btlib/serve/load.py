@@ -66,8 +66,8 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
     """Offer ``rate`` requests/s (one text each, cycling through ``texts``) for ``duration_s``; wait for the answers.
 
     Returns rate, offered, answered, refused (Overloaded at submit), errors (the future raised), lost
-    (accepted but not answered within ``drain_timeout_s`` after the last arrival: must be 0), p50_ms /
-    p99_ms of the answered, throughput (answered per second of the whole run). stop_on_refusal: end the
+    (accepted but not answered within ``drain_timeout_s`` after the last arrival: must be 0), mean_ms, p50_ms
+    and p99_ms of the answered, throughput (answered per second of the whole run). stop_on_refusal: end the
     run at the first refusal (a search only needs to know the rate is too high).
     """
     arrivals = poisson_arrivals(rate, duration_s, seed)
@@ -93,7 +93,7 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
     errors = sum(1 for f in done if f.exception() is not None)
     lat = list(latency.values())
     return {"rate": rate, "offered": len(arrivals), "answered": len(done) - errors, "refused": refused, "errors": errors,
-            "lost": len(futures) - len(done), "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "lost": len(futures) - len(done), "mean_ms": sum(lat) / len(lat) if lat else None, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
             "throughput": (len(done) - errors) / elapsed}
 
 
