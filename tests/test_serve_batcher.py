@@ -188,3 +188,14 @@ def test_percentile_and_prometheus_text():
     assert "# TYPE btlib_serve_queue_texts gauge\nbtlib_serve_queue_texts 2\n" in text
     assert 'btlib_serve_latency_seconds{quantile="0.99"} 0.0125\n' in text and 'quantile="0.5"} 40' in text
     assert 'latency_seconds{quantile="0.5"}' not in text  # no value yet: no sample line
+
+
+def test_missing_extras_name_what_to_install(monkeypatch, capsys):
+    from btlib.serve import extras, require
+    from btlib.serve.__main__ import main
+
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[scale\]'"):
+        require("no_such_module_btlib_test", "scale")
+    monkeypatch.setattr(extras, "missing", lambda module, extra: f"{module} is not installed: pip install -e '.[{extra}]'")
+    assert main(["--port", "0"]) == 2
+    assert "fastapi is not installed: pip install -e '.[serve]'" in capsys.readouterr().err
