@@ -57,10 +57,12 @@ def iter_texts(path: str | Path, column: str = "text", chunk: int = 1024) -> Ite
         rows = (t for b in pf.iter_batches(batch_size=chunk, columns=[column]) for t in b.column(0).to_pylist())
     else:
         rows = _lines(path, column)
+    start = 0
     while batch := list(itertools.islice(rows, chunk)):
         bad = next((i for i, t in enumerate(batch) if not isinstance(t, str)), None)
         if bad is not None:
-            raise TypeError(f"{path.name}: the text of a row in chunk starting {batch[0][:30]!r} is {type(batch[bad]).__name__}, not str")
+            raise TypeError(f"{path.name}: row {start + bad} ({column!r}) is {type(batch[bad]).__name__}, not str")
+        start += len(batch)
         yield batch
 
 
@@ -114,11 +116,11 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
         changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if changed:
             raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
-    else:
+    model = load_pretrained(model_folder)  # before meta.json: a wrong folder leaves nothing to clean up
+    if not meta.is_file():
         _write_atomic(meta, lambda f: f.write(json.dumps(settings, indent=1).encode()))
     for stale in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shard
         stale.unlink()
-    model = load_pretrained(model_folder)
     shards = -(-rows // shard_size)
     written = skipped = done_rows = 0
     t0 = time.perf_counter()
