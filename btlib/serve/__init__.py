@@ -2,7 +2,7 @@
 
     from btlib.serve import BatchEncoder, Overloaded       # in-process batching (no extra packages)
     python -m btlib.serve --port 8080                       # HTTP: OpenAI /v1/embeddings, TEI /embed (pip install -e .[serve])
-    ds.map_batches(CorpusEmbedder, concurrency=2, ...)      # Ray Data (pip install -e .[scale])
+    ds.map_batches(CorpusEmbedder, compute=ray.data.ActorPoolStrategy(size=2))   # Ray Data (pip install -e .[scale])
     python -m btlib.embed corpus.parquet out/               # one machine, resumable shards
 
 Only the batcher and the corpus helpers load here; the HTTP app (fastapi) loads with :func:`create_app`.

@@ -1,12 +1,13 @@
 """Embedding a corpus: batches by a token budget, and a callable class for Ray Data's ``map_batches``.
 
     ds = ray.data.read_parquet("corpus/")                       # a column "text"
-    ds = ds.map_batches(CorpusEmbedder, concurrency=2, batch_size=256)   # adds "embedding": (n, d) float32
+    ds = ds.map_batches(CorpusEmbedder, compute=ray.data.ActorPoolStrategy(size=2), batch_size=256)  # adds "embedding"
     ds.write_parquet("embedded/")
 
-Ray Data runs ``concurrency`` copies of the class (actors), each loading the model once, and streams
-batches of rows through them; on a cluster (``ray start --head`` on one machine, ``ray start
---address=HEAD:6379`` on the others) the same code spreads the actors over the machines.
+Ray Data runs ``size`` copies of the class (actors; ``concurrency=2`` before Ray 2.51, still accepted
+with a warning), each loading the model once, and streams batches of rows through them; on a cluster
+(``ray start --head`` on one machine, ``ray start --address=HEAD:6379`` on the others) the same code
+spreads the actors over the machines.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def ray_embed_parquet(source: str | Path, dest: str | Path, *, concurrency: int 
     """
     ray = require("ray", "scale")
     ds = ray.data.read_parquet(str(source))
-    ds = ds.map_batches(CorpusEmbedder, fn_constructor_kwargs=embedder_kwargs, concurrency=concurrency, batch_size=batch_size)
+    pool = ray.data.ActorPoolStrategy(size=concurrency)  # Ray >= 2.51's spelling of concurrency=N for a class
+    ds = ds.map_batches(CorpusEmbedder, fn_constructor_kwargs=embedder_kwargs, compute=pool, batch_size=batch_size)
     ds = ds.materialize()
     ds.write_parquet(str(dest))
     return ds.count()
