@@ -6,7 +6,7 @@ Every method is one worker thread behind the same ``submit`` (a :class:`btlib.se
 with a batching policy and a backend), driven by :func:`btlib.serve.load.max_rate` on the same texts:
 
     encode_per_request   btlib encode, one request per forward (no batching)
-    packed_fp32          btlib's packed batcher: token budget 2048, 2 ms wait
+    packed_fp32          btlib's packed batcher: token budget 512, 2 ms wait
     packed_bf16          the same in bf16 (only where this CPU has native bf16: it is ~10x slower elsewhere)
     padded_transformers  transformers BertModel, padded batches of <= 32 with a 5 ms wait (infinity's policy)
     tei_ort_padded       ONNX Runtime (optimised graph), padded batches of <= 8, FIFO by a 16384-token budget, no wait (TEI's)
@@ -110,7 +110,7 @@ def _backend(kind: str):
     return PaddedTransformers(model, folder) if kind == "transformers" else OrtPadded(model, folder)
 
 
-def make_batcher(method: str, *, max_queue: int = 64, max_batch_tokens: int = 2048, max_wait_ms: float = 2.0) -> BatchEncoder:
+def make_batcher(method: str, *, max_queue: int = 64, max_batch_tokens: int = 512, max_wait_ms: float = 2.0) -> BatchEncoder:
     """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed batchers."""
     model, _ = _model()
     packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue)
