@@ -1,0 +1,201 @@
+"""serve_load: the highest Poisson arrival rate each way of serving MiniLM answers with bounded p99 (issue 25's table).
+
+    python -m btlib.bench run serve_load [--quick]
+
+Every method is one worker thread behind the same ``submit`` (a :class:`btlib.serve.BatchEncoder`
+with a batching policy and a backend), driven by :func:`btlib.serve.load.max_rate` on the same texts:
+
+    encode_per_request   btlib encode, one request per forward (no batching)
+    packed_fp32          btlib's packed batcher: token budget 512, 2 ms wait
+    packed_bf16          the same in bf16 (only where this CPU has native bf16: it is ~10x slower elsewhere)
+    padded_transformers  transformers BertModel, padded batches of <= 32 with a 5 ms wait (infinity's policy)
+    tei_ort_padded       ONNX Runtime (optimised graph), padded batches of <= 8, FIFO by a 16384-token budget, no wait (TEI's)
+    ort_per_request      ONNX Runtime, one request per forward
+
+Each row: ``max_rate_rps`` (req/s served with p99 <= SLO and nothing refused or lost), p50/p99 at half
+that rate, and, on the packed_fp32 row, the 2x-overload run: shares answered / refused (429) / lost, the
+accepted requests' p99 and the RSS growth. ``median ms`` is one 8-text request through the method (the
+correctness check's call). Numbers from a shared machine are noisy; ratios within one run are what count.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..serve.batcher import BatchEncoder
+from ..serve.load import max_rate, rss_mb, run_load, workload
+from .core import Benchmark, Provider, declare
+
+__all__ = ["METHODS", "LABELS", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
+
+SLO_MS = 250.0
+METHODS = ("encode_per_request", "packed_fp32", "packed_bf16", "padded_transformers", "tei_ort_padded", "ort_per_request")
+LABELS = {"encode_per_request": "encode per request", "packed_fp32": "packed batcher fp32", "packed_bf16": "packed batcher bf16",
+          "padded_transformers": "padded transformers batcher", "tei_ort_padded": "TEI-style ORT padded batcher (<= 8)",
+          "ort_per_request": "ORT one request per forward"}
+
+
+class PaddedTransformers:
+    """transformers' BertModel on padded batches (mean pooling, L2 normalisation): what a plain PyTorch server runs."""
+
+    def __init__(self, model, folder):
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoModel
+
+        self.tokenizer, self.max_length, self.pad = model.tokenizer, model.max_length, model.spec.pad_token_id
+        self.hf = AutoModel.from_pretrained(str(folder)).eval()
+
+    def encode(self, texts: Sequence[str], *, batch_size: int, precision: str | None) -> torch.Tensor:
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        T = max(len(s) for s in ids)
+        tokens = torch.tensor([s + [self.pad] * (T - len(s)) for s in ids])  # (B, T): every row pays for the longest
+        mask = (torch.arange(T) < torch.tensor([len(s) for s in ids]).view(-1, 1)).long()
+        with torch.inference_mode():
+            h = self.hf(input_ids=tokens, attention_mask=mask).last_hidden_state  # (B, T, d)
+        keep = mask.unsqueeze(-1).to(h.dtype)
+        return F.normalize((h * keep).sum(1) / keep.sum(1), dim=-1)
+
+
+class OrtPadded:
+    """ONNX Runtime on padded batches (btlib.bench.runtimes' optimised export): TEI's CPU backend in kind."""
+
+    def __init__(self, model, folder):
+        from .runtimes import onnx_model, ort_session
+
+        self.tokenizer, self.max_length, self.pad = model.tokenizer, model.max_length, model.spec.pad_token_id
+        self.session = ort_session(onnx_model(folder, "opt"))
+
+    def encode(self, texts: Sequence[str], *, batch_size: int, precision: str | None) -> torch.Tensor:
+        from .runtimes import ort_encode
+
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        return ort_encode(self.session, ids, len(ids), sort=False, pad_id=self.pad)
+
+
+def why_not_available(method: str) -> str | None:
+    """None if ``method`` can run here, else why not (bf16 not native, a package missing)."""
+    if method == "packed_bf16":
+        from ..device import bf16_slow_reason
+
+        return bf16_slow_reason()
+    if method == "padded_transformers":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return "transformers is not installed (pip install -e '.[dev]')"
+        return None
+    if method in ("tei_ort_padded", "ort_per_request"):
+        from .runtimes import onnx_available
+
+        return onnx_available()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _model():
+    from ..pretrained import default_model_folder, load_pretrained
+
+    return load_pretrained(), default_model_folder()
+
+
+@functools.lru_cache(maxsize=4)
+def _backend(kind: str):
+    model, folder = _model()
+    return PaddedTransformers(model, folder) if kind == "transformers" else OrtPadded(model, folder)
+
+
+def make_batcher(method: str, *, max_queue: int = 64, max_batch_tokens: int = 512, max_wait_ms: float = 2.0) -> BatchEncoder:
+    """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed batchers."""
+    model, _ = _model()
+    packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue)
+    return {
+        "encode_per_request": lambda: BatchEncoder(model, max_batch_requests=1, max_wait_ms=0, max_queue=max_queue),
+        "packed_fp32": lambda: BatchEncoder(model, **packed),
+        "packed_bf16": lambda: BatchEncoder(model, precision="bf16", **packed),
+        "padded_transformers": lambda: BatchEncoder(_backend("transformers"), max_batch_tokens=1 << 20, max_batch_requests=32,
+                                                    max_wait_ms=5, max_queue=max_queue),
+        "tei_ort_padded": lambda: BatchEncoder(_backend("ort"), max_batch_tokens=16384, max_batch_requests=8, max_wait_ms=0,
+                                               max_queue=max_queue),
+        "ort_per_request": lambda: BatchEncoder(_backend("ort"), max_batch_requests=1, max_wait_ms=0, max_queue=max_queue),
+    }[method]()
+
+
+class _Answer:
+    """A provider's output: the check request's embeddings, and which method made them (for the load run in ``metrics``)."""
+
+    def __init__(self, emb: torch.Tensor, method: str):
+        self.emb, self.method = emb, method
+
+
+def _provider(method: str) -> Provider:
+    def fn(inputs):
+        with make_batcher(method) as b:
+            return _Answer(b.encode(inputs["check"], timeout=120), method)
+
+    return Provider(method, fn, available=lambda: why_not_available(method), label=LABELS[method], tol=1e-2 if method == "packed_bf16" else None)
+
+
+def _inputs(p: dict) -> dict:
+    texts = workload(p["workload"], 512, seed=1)
+    return {"texts": texts, "check": texts[:8], "params": p}
+
+
+def _metrics(out: _Answer, ref, inputs) -> dict:
+    """The load test of ``out.method`` (run once per row, after the check): max rate, latency at half of it, overload."""
+    p, texts = inputs["params"], inputs["texts"]
+    make = functools.partial(make_batcher, out.method)
+    best, _ = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"])
+    row = {"max_rate_rps": float(best)}
+    if best > 0:
+        b = make()
+        half = run_load(b.submit, texts, best / 2, p["trial_s"], seed=2)
+        b.close()
+        row.update(p50_ms_at_half=half["p50_ms"], p99_ms_at_half=half["p99_ms"])
+    if out.method == "packed_fp32" and best > 0:
+        b = make_batcher(out.method, max_queue=p["overload_queue"])
+        before = rss_mb()
+        r = run_load(b.submit, texts, 2 * best, p["overload_s"], seed=3)
+        b.close()
+        row.update(overload_answered=r["answered"] / r["offered"], overload_refused=r["refused"] / r["offered"],
+                   overload_lost=r["lost"] / r["offered"], overload_p99_ms=r["p99_ms"],
+                   overload_rss_growth_mb=(rss_mb() - before) if before is not None else None)
+    return {k: float(v) for k, v in row.items() if v is not None}
+
+
+def _error(out: _Answer, ref, inputs) -> float:
+    return (out.emb - ref).abs().max().item()
+
+
+def issue_table(rows: Sequence[dict]) -> str:
+    """Issue 25's table from serve_load rows: workloads down, methods across, max req/s with bounded p99."""
+    got = {(r["x"], r["provider"]): r for r in rows}
+    methods = [m for m in METHODS if any(k[1] == m for k in got)]
+    lines = ["| workload | " + " | ".join(LABELS[m] for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for w in dict.fromkeys(r["x"] for r in rows):
+        cells = []
+        for m in methods:
+            r = got.get((w, m))
+            cells.append(f"{r['max_rate_rps']:.0f}" if r and r.get("max_rate_rps") is not None else "-")
+        lines.append(f"| {'short queries' if w == 'queries' else '20% passages mixed in'} (req/s) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+declare(Benchmark(
+    name="serve_load",
+    description="max Poisson req/s with p99 <= SLO per serving method (packed batcher vs baselines), 1 worker",
+    x_name="workload", x_vals=["queries", "mixed"],
+    providers=lambda: [_provider(m) for m in METHODS],
+    make_inputs=_inputs,
+    reference=lambda inputs: _model()[0].encode(inputs["check"]),
+    error=_error, tol=1e-4,
+    params={"slo_ms": SLO_MS, "start_rps": 16.0, "trial_s": 4.0, "refine": 3, "overload_s": 10.0, "overload_queue": 256},
+    quick={"trial_s": 1.0, "refine": 1, "overload_s": 2.0, "overload_queue": 64},
+    baseline="encode_per_request",
+    metrics=_metrics,
+))

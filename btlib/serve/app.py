@@ -1,0 +1,204 @@
+"""The HTTP layer: validates, answers, and leaves batching to a :class:`BatchEncoder` (text-embeddings-inference's split).
+
+Routes (JSON unless said otherwise):
+
+    POST /v1/embeddings   OpenAI: {"input": str | [str], "model": ..., "encoding_format": "float" | "base64"}
+    POST /embed           TEI: {"inputs": str | [str], "normalize": true, "truncate": false} -> [[float, ...], ...]
+    GET  /health          200 {"status": "ok"}, never behind the API key (for load balancers)
+    GET  /metrics         Prometheus text: requests, refusals, queue depth, batch tokens, latency quantiles
+
+Errors: 401 without the API key (``Authorization: Bearer KEY``); 413 for more than ``max_inputs``
+inputs or an input past the model's length without truncation; 422 with a message naming the field
+for a malformed body; 429 with ``Retry-After`` when the queue is full. /v1 errors have OpenAI's shape
+``{"error": {"message", "type", "code"}}``, /embed errors TEI's ``{"error", "error_type"}``.
+base64 is what the official ``openai`` client asks for by default: the float32 little-endian bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import socket
+import threading
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import numpy as np
+
+from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .extras import require
+from .stats import prometheus_text
+
+require("fastapi", "serve")
+require("uvicorn", "serve")
+
+from fastapi import FastAPI, Request  # noqa: E402 - after the check that names the extra
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa: E402
+from pydantic import BaseModel, ConfigDict  # noqa: E402
+
+__all__ = ["create_app", "start_server", "RunningServer"]
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # "user" and future fields are accepted and ignored
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class TEIEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers
+
+
+def _error_response(request: Request, status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    if request.url.path.startswith("/v1/"):
+        body = {"error": {"message": message, "type": kind, "code": status}}
+    else:
+        body = {"error": message, "error_type": kind}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e.get("loc", ())[1:]) or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "malformed request body: " + "; ".join(parts)
+
+
+def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", api_key: str | None = None,
+               max_inputs: int = 256, auto_truncate: bool = False) -> FastAPI:
+    """The FastAPI app serving ``batcher``; closing the app (server shutdown) closes the batcher after answering.
+
+    model_name: reported in OpenAI responses (requests may name any model: one is served). api_key: if
+    set, every route but /health needs ``Authorization: Bearer <api_key>``. max_inputs: inputs per
+    request at most (413 beyond; <= the batcher's max_queue). auto_truncate: truncate overlong inputs
+    instead of answering 413 (TEI's --auto-truncate; /embed's ``truncate`` field overrides it).
+    """
+    if max_inputs > batcher.max_queue:
+        raise ValueError(f"max_inputs={max_inputs} exceeds the batcher's max_queue={batcher.max_queue}: such a request could never be queued")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        # uvicorn has answered every request in flight by now; what is still queued is answered too
+        await asyncio.get_running_loop().run_in_executor(None, batcher.close)
+
+    app = FastAPI(title="btlib.serve", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error_response(request, 422, _validation_message(exc), "invalid_request_error")
+
+    @app.exception_handler(_HTTPError)
+    async def _http_error(request: Request, exc: _HTTPError):
+        return _error_response(request, exc.status, exc.message, exc.kind, exc.headers)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error_response(request, 401, "missing or wrong API key: send Authorization: Bearer <key>",
+                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    async def embed(texts: list[str], truncate: bool):
+        if not texts:
+            raise _HTTPError(422, "input must not be empty", "invalid_request_error")
+        if len(texts) > max_inputs:
+            raise _HTTPError(413, f"{len(texts)} inputs exceed this server's limit of {max_inputs} per request; split the request",
+                             "invalid_request_error")
+        try:
+            future = batcher.submit(texts, truncate=truncate)
+        except Overloaded as e:
+            raise _HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
+        except InputTooLong as e:
+            raise _HTTPError(413, str(e), "invalid_request_error") from None
+        except RuntimeError as e:  # closed: the server is shutting down
+            raise _HTTPError(503, str(e), "unavailable") from None
+        return await asyncio.wrap_future(future), future.tokens
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(body: OpenAIEmbeddingRequest):
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        emb, tokens = await embed(texts, auto_truncate)
+        if body.dimensions is not None and body.dimensions != emb.shape[1]:
+            raise _HTTPError(422, f"dimensions={body.dimensions}: this model has {emb.shape[1]} (leave dimensions out)",
+                             "invalid_request_error")
+        rows = emb.numpy().astype("<f4")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(r.tobytes()).decode() if body.encoding_format == "base64" else r.tolist()}
+                for i, r in enumerate(rows)]
+        out = {"object": "list", "data": data, "model": model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return Response(json.dumps(out), media_type="application/json")
+
+    @app.post("/embed")
+    async def tei_embed(body: TEIEmbedRequest):
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        normalized = batcher.model.pooling.normalize if hasattr(batcher.model, "pooling") else False
+        if not body.normalize and normalized:
+            raise _HTTPError(422, "normalize=false: this model's folder normalises its embeddings (modules.json); "
+                                  "leave normalize out", "Validation")
+        emb, _ = await embed(texts, auto_truncate if body.truncate is None else body.truncate)
+        if body.normalize and not normalized:
+            emb = emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+        return Response(json.dumps(emb.numpy().tolist()), media_type="application/json")
+
+    @app.get("/health")
+    async def health():
+        if batcher.closed:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus_text(batcher.snapshot()), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one, no race with other processes)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+class RunningServer:
+    """A uvicorn server on its own thread (tests, notebooks, benchmarks). ``url``; ``stop()`` shuts it down gracefully."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.sock = bind(host, port)
+        h, p = self.sock.getsockname()[:2]
+        self.url = f"http://{'[' + h + ']' if ':' in h else h}:{p}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 60) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+
+def start_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+    """Serve ``app`` on a background thread; returns once the socket listens (requests wait in its backlog until uvicorn runs)."""
+    return RunningServer(app, host, port)

@@ -1,0 +1,113 @@
+"""What a batcher counts, and the Prometheus text format it is served in (GET /metrics).
+
+Counters only grow; the distributions (latency, batch size) keep the last ``window`` values in a
+ring, so memory stays flat however long the server runs, and the percentiles describe recent load.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["BatcherStats", "percentile", "prometheus_text"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of ``values`` by nearest rank, or None for no values.
+
+    [10, 20, 30, 40] -> p50 20, p99 40 (nearest rank: the smallest value with at least q% at or below it).
+    """
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+@dataclass
+class BatcherStats:
+    """Thread-safe counters and recent distributions of one batcher. ``snapshot()`` reads them all at once."""
+
+    window: int = 4096
+    requests: int = 0       # accepted requests (each a list of texts)
+    texts: int = 0          # texts in accepted requests
+    refused: int = 0        # requests refused with Overloaded
+    failed: int = 0         # requests whose batch raised (the error went to their future)
+    batches: int = 0
+    tokens: int = 0         # tokens encoded (what the forward passes cost)
+    busy_s: float = 0.0     # time spent inside the model
+    _latency_ms: deque = field(default_factory=deque)
+    _batch_tokens: deque = field(default_factory=deque)
+    _batch_texts: deque = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        self._latency_ms = deque(maxlen=self.window)
+        self._batch_tokens = deque(maxlen=self.window)
+        self._batch_texts = deque(maxlen=self.window)
+
+    def accepted(self, n_texts: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.texts += n_texts
+
+    def refuse(self) -> None:
+        with self._lock:
+            self.refused += 1
+
+    def batch(self, n_texts: int, n_tokens: int, seconds: float, latencies_ms: list[float], failed: bool) -> None:
+        """One forward pass over ``n_tokens`` tokens of ``n_texts`` texts, and the latency of each request it finished."""
+        with self._lock:
+            self.batches += 1
+            self.tokens += n_tokens
+            self.busy_s += seconds
+            self.failed += len(latencies_ms) if failed else 0
+            self._batch_tokens.append(n_tokens)
+            self._batch_texts.append(n_texts)
+            self._latency_ms.extend(latencies_ms)
+
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second of model time so far (None before the first batch): how fast the queue drains."""
+        with self._lock:
+            return self.tokens / self.busy_s if self.busy_s > 0 else None
+
+    def snapshot(self) -> dict:
+        """Counters, then recent percentiles: latency_p50/p90/p99_ms, batch_tokens_p50/max, batch_texts_p50."""
+        with self._lock:
+            lat, bt, bx = list(self._latency_ms), list(self._batch_tokens), list(self._batch_texts)
+            out = {k: getattr(self, k) for k in ("requests", "texts", "refused", "failed", "batches", "tokens", "busy_s")}
+        out.update({f"latency_p{q}_ms": percentile(lat, q) for q in (50, 90, 99)})
+        out.update(batch_tokens_p50=percentile(bt, 50), batch_tokens_max=max(bt, default=None),
+                   batch_texts_p50=percentile(bx, 50))
+        return out
+
+
+_HELP = {
+    "requests": ("counter", "requests accepted"), "texts": ("counter", "texts in accepted requests"),
+    "refused": ("counter", "requests refused because the queue was full (HTTP 429)"),
+    "failed": ("counter", "requests whose batch raised an error"), "batches": ("counter", "forward passes run"),
+    "tokens": ("counter", "tokens encoded"), "busy_s": ("counter", "seconds spent in the model"),
+    "queue_texts": ("gauge", "texts waiting in the queue"), "queue_requests": ("gauge", "requests waiting in the queue"),
+}
+
+
+def prometheus_text(snap: dict, prefix: str = "btlib_serve") -> str:
+    """A :meth:`BatcherStats.snapshot` (plus queue gauges) in Prometheus' text exposition format (version 0.0.4).
+
+    Counters get the ``_total`` suffix; latency and batch-size percentiles become two summaries
+    (``{prefix}_latency_seconds{quantile="0.99"}``, ``{prefix}_batch_tokens{quantile="0.5"}``).
+    """
+    lines = []
+    for key, (kind, help_) in _HELP.items():
+        if key in snap:
+            name = f"{prefix}_{key}" + ("_total" if kind == "counter" else "")
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {float(snap[key]):g}"]
+    summaries = (("latency_seconds", "request latency, arrival to answer", [(q, "latency_p%d_ms" % q, 1e-3) for q in (50, 90, 99)]),
+                 ("batch_tokens", "tokens per forward pass", [(50, "batch_tokens_p50", 1.0), (100, "batch_tokens_max", 1.0)]))
+    for name, help_, points in summaries:
+        lines += [f"# HELP {prefix}_{name} {help_}", f"# TYPE {prefix}_{name} summary"]
+        for q, key, scale in points:
+            if snap.get(key) is not None:
+                lines.append(f'{prefix}_{name}{{quantile="{q / 100:g}"}} {snap[key] * scale:g}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,201 @@
+"""btlib.serve.BatchEncoder: answers equal model.encode, the batching policy, backpressure, drain on close, stats."""
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from btlib.serve import BatchEncoder, InputTooLong, Overloaded, percentile, prometheus_text
+from model_folder import needs_model
+
+pytestmark = needs_model
+
+QUERIES = ["what is packing?", "a", "how do padded batchers waste work when lengths mix in one batch", "", "cu_seqlens",
+           "the quick brown fox jumps over the lazy dog " * 3, "x y z"]
+PASSAGE = "Packed tokens and cu_seqlens let a batch of ragged sentences cost only its real tokens. " * 4
+
+
+class Recorder:
+    """The real model, recording the texts of every forward pass; ``gate`` (if set) holds each pass until released."""
+
+    def __init__(self, model, gate: threading.Event | None = None, fail: bool = False):
+        self.model, self.tokenizer, self.max_length = model, model.tokenizer, model.max_length
+        self.gate, self.fail, self.calls, self.started = gate, fail, [], threading.Event()
+
+    def tokenize(self, texts):
+        return self.model.tokenize(texts)
+
+    def encode(self, texts, *, batch_size, precision):
+        self.calls.append(list(texts))
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(30), "test gate never released"
+        if self.fail:
+            raise RuntimeError("model failed")
+        return self.model.encode(texts, batch_size=batch_size, precision=precision)
+
+
+def test_requests_of_one_batch_equal_encode_of_all_their_texts(model):
+    """max_wait 500 ms: requests submitted within microseconds form one batch = model.encode(concatenation), bit for bit."""
+    rec = Recorder(model)
+    requests = [QUERIES[:2], QUERIES[2:3], QUERIES[3:7]]
+    with BatchEncoder(rec, max_batch_tokens=10_000, max_wait_ms=500) as b:
+        futures = [b.submit(r) for r in requests]
+        out = [f.result(30) for f in futures]
+    assert len(rec.calls) == 1 and rec.calls[0] == QUERIES
+    ref = model.encode(QUERIES)
+    assert torch.equal(torch.cat(out), ref)
+    assert [o.shape for o in out] == [(2, 384), (1, 384), (4, 384)]
+    assert b.snapshot()["batches"] == 1 and b.snapshot()["texts"] == 7
+
+
+def test_one_request_per_batch_equals_encode_of_it(model):
+    """max_batch_requests=1: each answer is model.encode of that request's texts, bit for bit, from many threads."""
+    requests = [[q] for q in QUERIES] + [[PASSAGE, "short"], ["only"] * 3]
+    with BatchEncoder(model, max_batch_requests=1, max_wait_ms=0) as b, ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(b.encode, requests))
+    for r, o in zip(requests, out):
+        assert torch.equal(o, model.encode(r))
+
+
+def test_concurrent_callers_get_their_own_rows(model):
+    """Mixed batches from 4 threads: every row matches encode of its text alone to fp32 rounding (the GEMM's row count may change the last bits)."""
+    texts = (QUERIES + [PASSAGE]) * 3
+    alone = {t: model.encode([t])[0] for t in set(texts)}
+    with BatchEncoder(model, max_batch_tokens=256, max_wait_ms=5) as b, ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(lambda t: b.encode([t]), texts))
+    for t, o in zip(texts, out):
+        torch.testing.assert_close(o[0], alone[t], atol=1e-6, rtol=0)
+    snap = b.snapshot()
+    assert snap["requests"] == len(texts) and snap["batches"] < len(texts) and snap["batch_tokens_max"] <= 256
+
+
+def test_short_queries_fill_the_room_a_passage_leaves_and_the_oldest_always_goes_first(model):
+    """Budget 64: [q0 (17 tokens), passage (52), q1, q2, passage, q3] -> [q0, q1, q2, q3], then each passage at the head of its batch."""
+    gate = threading.Event()
+    rec = Recorder(model, gate)
+    q0, passage = " ".join(["word"] * 15), " ".join(["word"] * 50)
+    with BatchEncoder(rec, max_batch_tokens=64, max_wait_ms=0) as b:
+        assert b.count_tokens([q0, passage, "q1"]) == [17, 52, 4]
+        first = b.submit(["blocker"])
+        assert rec.started.wait(30)  # the worker holds the first batch: the rest queue up
+        fs = [b.submit([t]) for t in (q0, passage, "q1", "q2", passage, "q3")]
+        gate.set()
+        for f in [first, *fs]:
+            f.result(30)
+    assert rec.calls == [["blocker"], [q0, "q1", "q2", "q3"], [passage], [passage]]
+
+
+def test_full_queue_refuses_at_once_and_close_answers_every_accepted(model):
+    gate = threading.Event()
+    rec = Recorder(model, gate)
+    b = BatchEncoder(rec, max_queue=4, max_wait_ms=0)
+    running = b.submit(["held by the worker"])
+    assert rec.started.wait(30)
+    accepted = [b.submit(["a", "b"]), b.submit(["c"]), b.submit(["d"])]  # 4 texts: the queue is full
+    with pytest.raises(Overloaded, match="queue full") as e:
+        b.submit(["e"])
+    assert e.value.retry_after_s >= 1
+    with pytest.raises(ValueError, match="exceed max_queue"):
+        b.submit(["x"] * 5)
+    closer = threading.Thread(target=b.close)
+    closer.start()
+    gate.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert all(f.done() and f.exception() is None for f in [running, *accepted])
+    assert rec.calls == [["held by the worker"], ["a", "b", "c", "d"]]
+    assert torch.equal(torch.cat([f.result() for f in accepted]), model.encode(["a", "b", "c", "d"]))
+    with pytest.raises(RuntimeError, match="closed"):
+        b.submit(["late"])
+    snap = b.snapshot()
+    assert (snap["requests"], snap["refused"], snap["queue_texts"]) == (4, 1, 0)
+
+
+def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on(model):
+    rec = Recorder(model, fail=True)
+    with BatchEncoder(rec, max_wait_ms=0) as b:
+        with pytest.raises(RuntimeError, match="model failed"):
+            b.encode(["x"], timeout=30)
+        rec.fail = False
+        assert torch.equal(b.encode(["x"], timeout=30), model.encode(["x"]))
+    assert b.snapshot()["failed"] == 1
+
+
+def test_aencode_and_empty_requests(model):
+    async def main(b):
+        return await asyncio.gather(b.aencode(["one"]), b.aencode(["two", "three"]), b.aencode([]))
+
+    with BatchEncoder(model, max_wait_ms=20) as b:
+        one, two, empty = asyncio.run(main(b))
+    torch.testing.assert_close(torch.cat([one, two]), model.encode(["one", "two", "three"]), atol=1e-6, rtol=0)
+    assert empty.shape == (0, 384)
+
+
+def test_too_long_is_refused_only_without_truncation(model):
+    long = "word " * 600
+    with BatchEncoder(model) as b:
+        with pytest.raises(InputTooLong, match="more than 256 tokens"):
+            b.submit(["ok", long], truncate=False)
+        assert torch.equal(b.encode([long]), model.encode([long]))
+        assert b.snapshot()["requests"] == 1
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(max_batch_tokens=0), ValueError, "max_batch_tokens"), (dict(max_wait_ms=-1), ValueError, "max_wait_ms"),
+    (dict(max_queue=True), ValueError, "max_queue"), (dict(max_batch_requests=0), ValueError, "max_batch_requests"),
+])
+def test_bad_settings_say_which(model, kw, error, match):
+    with pytest.raises(error, match=match):
+        BatchEncoder(model, **kw)
+
+
+def test_bad_texts_say_what_to_pass(model):
+    with BatchEncoder(model) as b:
+        for bad in ("a string", [1, 2], None):
+            with pytest.raises(TypeError, match="list of str"):
+                b.submit(bad)
+
+
+def test_modernbert_batches_equal_its_encode():
+    """The batcher takes any loaded encoder: a random-weight ModernBERT with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from btlib.pretrained import ModernBertEncoder
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(20)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.enable_truncation(64)
+    config = dict(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
+                  global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                  cls_token_id=2, sep_token_id=3, max_position_embeddings=64)
+    mb = ModernBertEncoder.from_config(config, tok, max_length=64)
+    texts = [" ".join(f"w{(i * 7 + j) % 20}" for j in range(n)) for i, n in enumerate([1, 30, 5, 97])]
+    with BatchEncoder(mb, max_wait_ms=500, max_batch_tokens=10_000) as b:
+        out = torch.cat([f.result(30) for f in [b.submit(texts[:2]), b.submit(texts[2:])]])
+    assert torch.equal(out, mb.encode(texts))
+
+
+def test_percentile_and_prometheus_text():
+    assert percentile([10, 20, 30, 40], 50) == 20 and percentile([10, 20, 30, 40], 99) == 40 and percentile([], 50) is None
+    text = prometheus_text({"requests": 3, "refused": 1, "queue_texts": 2, "latency_p99_ms": 12.5, "latency_p50_ms": None,
+                            "batch_tokens_p50": 40})
+    assert "btlib_serve_requests_total 3\n" in text and "btlib_serve_refused_total 1\n" in text
+    assert "# TYPE btlib_serve_queue_texts gauge\nbtlib_serve_queue_texts 2\n" in text
+    assert 'btlib_serve_latency_seconds{quantile="0.99"} 0.0125\n' in text and 'quantile="0.5"} 40' in text
+    assert 'latency_seconds{quantile="0.5"}' not in text  # no value yet: no sample line
+
+
+def test_missing_extras_name_what_to_install(monkeypatch, capsys):
+    from btlib.serve import extras, require
+    from btlib.serve.__main__ import main
+
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[scale\]'"):
+        require("no_such_module_btlib_test", "scale")
+    monkeypatch.setattr(extras, "missing", lambda module, extra: f"{module} is not installed: pip install -e '.[{extra}]'")
+    assert main(["--port", "0"]) == 2
+    assert "fastapi is not installed: pip install -e '.[serve]'" in capsys.readouterr().err

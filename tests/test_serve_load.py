@@ -1,0 +1,80 @@
+"""The Poisson load generator, the saturation search and the serve_load benchmark's declaration."""
+
+import statistics
+from concurrent.futures import Future
+
+import pytest
+
+from btlib.serve import Overloaded
+from btlib.serve import load as L
+
+
+def test_poisson_arrivals_have_the_rate_and_exponential_gaps():
+    a = L.poisson_arrivals(200.0, 50.0, seed=3)
+    assert abs(len(a) - 10_000) < 4 * 100  # Poisson count: mean 10,000, sd 100
+    gaps = [y - x for x, y in zip(a, a[1:])]
+    assert abs(statistics.mean(gaps) - 1 / 200) < 2e-4 and abs(statistics.pstdev(gaps) - 1 / 200) < 3e-4  # exponential: sd = mean
+    assert a == L.poisson_arrivals(200.0, 50.0, seed=3) and all(0 <= t < 50 for t in a)
+    with pytest.raises(ValueError, match="rate"):
+        L.poisson_arrivals(0, 1)
+
+
+def test_workloads_mix_passages_in_the_asked_share():
+    q, m = L.workload("queries", 1000), L.workload("mixed", 1000)
+    assert max(len(t.split()) for t in q) <= 14
+    share = sum(len(t.split()) >= 150 for t in m) / len(m)
+    assert 0.15 < share < 0.25
+    with pytest.raises(ValueError, match="workload"):
+        L.workload("long", 3)
+
+
+class FakeServer:
+    """Answers at once; refuses every ``refuse_every``-th request; leaves every ``lose_every``-th unanswered."""
+
+    def __init__(self, refuse_every=0, lose_every=0):
+        self.n, self.refuse_every, self.lose_every = 0, refuse_every, lose_every
+
+    def submit(self, texts):
+        self.n += 1
+        if self.refuse_every and self.n % self.refuse_every == 0:
+            raise Overloaded("full")
+        f = Future()
+        if not (self.lose_every and self.n % self.lose_every == 0):
+            f.set_result(texts)
+        return f
+
+    def close(self):
+        pass
+
+
+def test_run_load_counts_answered_refused_and_lost():
+    r = L.run_load(FakeServer(refuse_every=4, lose_every=5).submit, ["t"], rate=400, duration_s=0.5, drain_timeout_s=0.05)
+    assert r["answered"] + r["refused"] + r["lost"] == r["offered"] > 100
+    assert r["refused"] == r["offered"] // 4 and r["lost"] > 0
+    assert r["p99_ms"] is not None and not L.bounded(r, slo_ms=1e9)
+    clean = L.run_load(FakeServer().submit, ["t"], rate=400, duration_s=0.2)
+    assert clean["answered"] == clean["offered"] and L.bounded(clean, slo_ms=1e9)
+
+
+def test_max_rate_finds_the_knee(monkeypatch):
+    """A server that is bounded up to 100 req/s: doubling from 16 fails at 128, bisection lands in (96, 100]."""
+    monkeypatch.setattr(L, "run_load", lambda submit, texts, rate, duration_s, **kw: {
+        "rate": rate, "refused": 0, "errors": 0, "lost": 0, "p99_ms": 10.0 if rate <= 100 else 1e4})
+    best, trials = L.max_rate(FakeServer, ["t"], start=16, refine=3)
+    assert 96 <= best <= 100 and [t["rate"] for t in trials[:4]] == [16, 32, 64, 128]
+    best, _ = L.max_rate(FakeServer, ["t"], start=800, refine=0)  # start too high: halves down to 100
+    assert best == 100
+
+
+def test_serve_load_is_declared_with_every_method_and_the_issue_table():
+    from btlib.bench import load_all
+    from btlib.bench.serve_load import METHODS, issue_table
+
+    b = load_all()["serve_load"]
+    assert [p.name for p in b.providers()] == list(METHODS) and b.x_vals == ["queries", "mixed"]
+    rows = [{"x": "queries", "provider": "packed_fp32", "max_rate_rps": 514.0},
+            {"x": "mixed", "provider": "packed_fp32", "max_rate_rps": 156.0},
+            {"x": "queries", "provider": "encode_per_request", "max_rate_rps": 135.0}]
+    assert issue_table(rows).splitlines() == [
+        "| workload | encode per request | packed batcher fp32 |", "|---|---|---|",
+        "| short queries (req/s) | 135 | 514 |", "| 20% passages mixed in (req/s) | - | 156 |"]
