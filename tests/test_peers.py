@@ -182,3 +182,23 @@ def test_the_command_prints_the_pivot_after_the_table(capsys):
     out = capsys.readouterr().out
     assert "peers      cell=query/1  btlib_fp32" in out  # the generic table, then the benchmark's own summary
     assert "| engine            | query ms |" in out and "| btlib encode fp32 |" in out
+
+
+@needs_model
+@pytest.mark.skipif(rt_openvino.openvino_available() is not None, reason="openvino is not installed")
+def test_openvino_conversion_runs_with_telemetry_off(monkeypatch, tmp_path):
+    """OpenVINO's converter and NNCF send usage telemetry unless opted out: the conversion runs with their CI switches."""
+    import os
+
+    seen = {}
+
+    def convert(folder, variant, out):
+        seen.update(CI=os.environ.get("CI"), NNCF_CI=os.environ.get("NNCF_CI"))
+        (out / "model.xml").write_text("<net/>")
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(runtimes, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(rt_openvino, "_convert", convert)
+    path = rt_openvino.ov_model(FOLDER, "fp32")
+    assert path.is_relative_to(tmp_path) and seen == {"CI": "true", "NNCF_CI": "1"}
+    assert "CI" not in os.environ  # set only while converting

@@ -14,13 +14,18 @@ versions of torch, transformers, openvino and nncf, so nothing stale is reused):
     int8_nncf     nncf.quantize(model_type=TRANSFORMER) calibrated on btlib.smoothquant.CALIBRATION_TEXTS (the
                   sentences btlib's own int8 is calibrated on): int8 weights and activations ("full" int8)
 
+OpenVINO's converter and NNCF send usage telemetry unless opted out; the workbook sends nothing, so both
+run with the switches they read for CI (``CI=true``, ``NNCF_CI=1``), set only while they convert or import.
+
 Compiled on "CPU" with INFERENCE_NUM_THREADS = torch's thread count. Its default precision is bf16 on a CPU
 with AVX512_BF16 (or AMX) and f32 elsewhere: :func:`ov_precision` says which one a compiled model runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -33,6 +38,21 @@ __all__ = ["OV_SETTINGS", "OV_VARIANTS", "openvino_available", "nncf_available",
 OV_SETTINGS = {"converter": "openvino.convert_model(example_input)", "attention": "sdpa", "weights": "fp32 (no fp16 compression)",
                "int8_weights": "nncf.compress_weights(INT8_ASYM)", "int8_nncf": "nncf.quantize(TRANSFORMER), CALIBRATION_TEXTS"}
 OV_VARIANTS = ("fp32", "int8_weights", "int8_nncf")
+
+
+@contextlib.contextmanager
+def _no_telemetry():
+    """CI=true (openvino_telemetry's check, read at each conversion) and NNCF_CI=1 (read when nncf is imported)."""
+    old = {k: os.environ.get(k) for k in ("CI", "NNCF_CI")}
+    os.environ.update(CI="true", NNCF_CI="1")
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def openvino_available() -> str | None:
@@ -49,7 +69,8 @@ def nncf_available() -> str | None:
     if (why := openvino_available()) is not None:
         return why
     try:
-        import nncf  # noqa: F401
+        with _no_telemetry():  # nncf decides at its first import whether it sends telemetry
+            import nncf  # noqa: F401
     except ImportError:
         return "nncf is not installed (pip install -e '.[compare]', or pip install nncf)"
     return None
@@ -62,13 +83,19 @@ def _feed(tokens: torch.Tensor, mask: torch.Tensor) -> dict:
 def _quiet_nncf():
     import logging
 
-    import nncf
+    with _no_telemetry():
+        import nncf
 
     nncf.set_log_level(logging.ERROR)  # its tables and progress bars are noise in a benchmark log
     return nncf
 
 
 def _make(folder: Path, variant: str, out: Path) -> None:
+    with _no_telemetry():
+        _convert(folder, variant, out)
+
+
+def _convert(folder: Path, variant: str, out: Path) -> None:
     import openvino as ov
 
     if variant == "fp32":
