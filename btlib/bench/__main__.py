@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         env = rows[0]["env"] if rows else {}
         print(f"# {machine_line(env)}, torch {env.get('torch')}")
         print(table(rows, bench.baseline))
+        if bench.summary and rows:
+            print(f"\n{bench.summary(rows)}")
         return 1 if any(r["status"] == "wrong" for r in rows) else 0
     rows = load_rows(args.paths)
     if not rows:

@@ -72,6 +72,8 @@ class Benchmark:
     baseline: the provider that speedups are stated against.
     metrics(out, ref, inputs) -> {name: float}: more accuracy figures stored in each checked row
     (e.g. min_cos, the lowest cosine similarity of an embedding with its reference).
+    summary(rows) -> str: another view of the rows that ``python -m btlib.bench run`` prints after the table
+    (e.g. a pivot of engines x cells).
     """
 
     name: str
@@ -89,6 +91,7 @@ class Benchmark:
     bytes: Callable[[dict], float] | None = None
     baseline: str | None = None
     metrics: Callable[[Any, Any, Any], dict] | None = None
+    summary: Callable[[list[dict]], str] | None = None
 
 
 BENCHMARKS: dict[str, Benchmark] = {}

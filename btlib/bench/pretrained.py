@@ -10,6 +10,9 @@ user's encode() costs):
     ort_int8_sorted       ORT's dynamic int8 (quantize_dynamic, per-channel weights) of ort_opt, longest first
     slow, fastpath, fastpath_nested   PyTorch's nn.TransformerEncoder paths on btlib's modules, padded
     packed, packed_bf16, packed_int8  btlib's padding-free encode(), fp32 / bf16 / int8 (btlib.quant)
+    ov_fp32, ov_default, ov_int8_weights, ov_int8_nncf, ct2_fp32, ct2_int8, fastembed
+                          OpenVINO, CTranslate2 and fastembed (btlib.bench.peers.peer_providers), longest first
+                          (fastembed: its own embed(), corpus order)
 
 Every provider is checked against the reference before it is timed: ``error`` is the max |difference|
 of the normalised embeddings, ``min_cos`` the lowest cosine similarity of one embedding with its
@@ -113,7 +116,9 @@ def _flops(p: dict) -> float:
 # "sorted" (padded per batch, longest first), "none" (packed: no padding anywhere).
 PADDING = {"transformers": "file", "sentence_transformers": "sorted", "ort_fp32": "file", "ort_fp32_sorted": "sorted",
            "ort_opt": "file", "ort_opt_sorted": "sorted", "ort_int8_sorted": "sorted", "slow": "file", "fastpath": "file",
-           "fastpath_nested": "file", "packed": "none", "packed_bf16": "none", "packed_int8": "none"}
+           "fastpath_nested": "file", "packed": "none", "packed_bf16": "none", "packed_int8": "none",
+           **dict.fromkeys(("ov_fp32", "ov_default", "ov_int8_weights", "ov_int8_nncf", "ct2_fp32", "ct2_int8"), "sorted"),
+           "fastembed": "file"}
 
 
 def padding_fraction(lengths: torch.Tensor, batch_size: int, order: str) -> float:
@@ -179,6 +184,8 @@ def _metrics(out: torch.Tensor, ref: torch.Tensor, x: dict) -> dict:
 
 
 def _providers() -> list[Provider]:
+    from .peers import peer_providers  # here, not at the top: peers builds on this module's corpora and model
+
     low = LOW_PRECISION_TOL
     return [
         Provider("transformers", lambda x: _hf().encode(x["texts"], x["batch_size"]), available=_hf_available,
@@ -195,13 +202,14 @@ def _providers() -> list[Provider]:
         Provider("packed_bf16", _path("packed_bf16"), available=lambda: _available() or bf16_slow_reason(), tol=low, precision="bf16"),
         Provider("packed_int8", lambda x: _model().encode(x["texts"], batch_size=x["batch_size"], precision="int8"),
                  available=_int8_available, tol=low, precision="int8", label="btlib encode(precision='int8')"),
+        *peer_providers(low),
     ]
 
 
 declare(Benchmark(
     name="pretrained_encode",
     description="all-MiniLM-L6-v2 sentence embeddings end to end (tokenize, encode, pool): btlib, PyTorch, "
-                "sentence-transformers, ONNX Runtime",
+                "sentence-transformers, ONNX Runtime, OpenVINO, CTranslate2, fastembed",
     x_name="batch_size", x_vals=(8, 32, 128),
     providers=_providers,
     make_inputs=_inputs,

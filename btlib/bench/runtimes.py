@@ -14,6 +14,10 @@ the exporter settings, so new weights or a new torch never reuse a stale file):
 
 Sessions run with ORT_ENABLE_ALL and torch's thread count. Nothing is downloaded: the model folder
 is local and HF_HUB_OFFLINE=1 is set before transformers or sentence-transformers load it.
+
+The other engines' modules (rt_openvino, rt_ctranslate2, rt_fastembed) share this module's cache
+(:func:`cache_root`, :func:`artefact_key`, :func:`cached_dir`), its traced model (:func:`hidden_model`)
+and its padded runner (:func:`padded_encode`): one batching, padding and pooling for every engine.
 """
 
 from __future__ import annotations
@@ -21,15 +25,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import importlib.metadata
 import os
+import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ONNX_SETTINGS", "onnx_available", "st_available", "onnx_dir", "onnx_model", "ort_session", "ort_encode",
-           "sentence_transformer", "st_encode", "batch_order"]
+__all__ = ["ONNX_SETTINGS", "onnx_available", "st_available", "cache_root", "onnx_dir", "artefact_key", "cached_dir",
+           "hidden_model", "onnx_model", "ort_session", "ort_encode", "padded_encode", "sentence_transformer", "st_encode",
+           "batch_order"]
 
 ONNX_SETTINGS = {"exporter": "torch.onnx.export(dynamo=False)", "opset": 17, "optimizer": "bert, opt_level 1",
                  "quantize": "dynamic, QInt8 weights per channel, reduce_range"}
@@ -54,12 +61,17 @@ def st_available() -> str | None:
     return None
 
 
+def cache_root() -> Path:
+    """Where converted models go: <checkout>/build, else (an installed btlib) ~/.cache/btlib."""
+    root = Path(__file__).resolve().parents[2]
+    return root / "build" if (root / "pyproject.toml").is_file() else Path.home() / ".cache" / "btlib"
+
+
 def onnx_dir() -> Path:
-    """$BTLIB_ONNX_DIR, else <checkout>/build/onnx, else ~/.cache/btlib/onnx."""
+    """$BTLIB_ONNX_DIR, else cache_root()/onnx."""
     if os.environ.get("BTLIB_ONNX_DIR"):
         return Path(os.environ["BTLIB_ONNX_DIR"])
-    root = Path(__file__).resolve().parents[2]
-    return root / "build" / "onnx" if (root / "pyproject.toml").is_file() else Path.home() / ".cache" / "btlib" / "onnx"
+    return cache_root() / "onnx"
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,19 +83,49 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _key(folder: Path) -> str:
-    import transformers
-
-    facts = {"weights": _sha256(folder / "model.safetensors"), **ONNX_SETTINGS, "torch": torch.__version__,
-             "transformers": transformers.__version__}
+def artefact_key(folder: Path, settings: dict, packages: Sequence[str] = ()) -> str:
+    """16 hex digits naming a converted model: the weights' sha256, the conversion settings, torch's and
+    transformers' versions and those of ``packages`` (the converter's), so nothing stale is ever reused."""
+    versions = {name: importlib.metadata.version(name) for name in ("transformers", *packages)}
+    facts = {"weights": _sha256(folder / "model.safetensors"), **settings, "torch": torch.__version__, **versions}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _export(folder: Path, out: Path) -> None:
+def _key(folder: Path) -> str:
+    return artefact_key(folder, ONNX_SETTINGS)
+
+
+def cached_dir(d: Path, make: Callable[[Path], None]) -> Path:
+    """``d``, made on first use: ``make(tmp)`` fills a temporary sibling folder that is then renamed to ``d``
+    (atomic: a concurrent process sees no folder or the whole one; if it made ``d`` first, its copy is kept)."""
+    if d.is_dir():
+        return d
+    tmp = d.parent / f".{d.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        make(tmp)
+        os.replace(tmp, d)
+    except OSError:
+        if not d.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+EXAMPLE_IDS = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])  # (2, 4): "[CLS] hello world [SEP]", one padded
+
+
+def hidden_model(folder: Path, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """transformers' BertModel of ``folder`` (offline, eval) as forward(input_ids, attention_mask, token_type_ids)
+    -> last_hidden_state (B, T, d) float32: the graph every converter traces (the pooler is left out)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()  # eager: the pattern ORT fuses
+    hf_logging.disable_progress_bar()
+    model = AutoModel.from_pretrained(str(folder), attn_implementation=attn_implementation).eval()
 
     class Hidden(torch.nn.Module):
         def __init__(self):
@@ -93,13 +135,17 @@ def _export(folder: Path, out: Path) -> None:
         def forward(self, input_ids, attention_mask, token_type_ids):
             return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
 
-    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
+    return Hidden()
+
+
+def _export(folder: Path, out: Path) -> None:
+    ids = EXAMPLE_IDS
     names = ["input_ids", "attention_mask", "token_type_ids"]
     axes = {n: {0: "batch", 1: "sequence"} for n in names} | {"last_hidden_state": {0: "batch", 1: "sequence"}}
-    with torch.no_grad():
-        torch.onnx.export(Hidden(), (ids, (ids != 0).long(), torch.zeros_like(ids)), str(out), input_names=names,
-                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=ONNX_SETTINGS["opset"],
-                          dynamo=False)
+    with torch.no_grad():  # eager attention: the pattern ORT's optimizer fuses
+        torch.onnx.export(hidden_model(folder, "eager"), (ids, (ids != 0).long(), torch.zeros_like(ids)), str(out),
+                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                          opset_version=ONNX_SETTINGS["opset"], dynamo=False)
 
 
 def onnx_model(folder: str | Path, variant: str = "fp32") -> Path:
@@ -158,10 +204,12 @@ def batch_order(lengths: Sequence[int], sort: bool) -> list[int]:
     return sorted(idx, key=lambda i: -lengths[i]) if sort else idx
 
 
-def ort_encode(session, ids: list[list[int]], batch_size: int, *, sort: bool, pad_id: int = 0) -> torch.Tensor:
+def padded_encode(run: Callable[[torch.Tensor, torch.Tensor], object], ids: list[list[int]], batch_size: int, *,
+                  sort: bool, pad_id: int = 0) -> torch.Tensor:
     """Mean-pooled, L2-normalised embeddings (N, d) float32 from token ids (N lists), padded per batch.
 
-    sort: batch longest-first (less padding), then restore the input order.
+    run(tokens (B, T) int64, mask (B, T) int64) -> last hidden state (B, T, d) float32 (a tensor or a numpy
+    array): one engine's forward. sort: batch longest-first (less padding), then restore the input order.
     """
     order = batch_order([len(s) for s in ids], sort)
     out = [None] * len(ids)
@@ -170,12 +218,19 @@ def ort_encode(session, ids: list[list[int]], batch_size: int, *, sort: bool, pa
         T = max(len(ids[j]) for j in chunk)
         tokens = torch.tensor([ids[j] + [pad_id] * (T - len(ids[j])) for j in chunk])  # (B, T)
         mask = torch.tensor([[1] * len(ids[j]) + [0] * (T - len(ids[j])) for j in chunk])
-        h = torch.from_numpy(session.run(None, {"input_ids": tokens.numpy(), "attention_mask": mask.numpy(),
-                                                "token_type_ids": torch.zeros_like(tokens).numpy()})[0])  # (B, T, d)
+        h = torch.as_tensor(run(tokens, mask)).float()  # (B, T, d)
         keep = mask.unsqueeze(-1).to(h.dtype)
         for j, e in zip(chunk, F.normalize((h * keep).sum(1) / keep.sum(1), dim=-1)):
             out[j] = e
     return torch.stack(out)
+
+
+def ort_encode(session, ids: list[list[int]], batch_size: int, *, sort: bool, pad_id: int = 0) -> torch.Tensor:
+    """:func:`padded_encode` with an onnxruntime session as the forward: (N, d) float32."""
+    def run(tokens: torch.Tensor, mask: torch.Tensor):
+        return session.run(None, {"input_ids": tokens.numpy(), "attention_mask": mask.numpy(),
+                                  "token_type_ids": torch.zeros_like(tokens).numpy()})[0]
+    return padded_encode(run, ids, batch_size, sort=sort, pad_id=pad_id)
 
 
 @functools.lru_cache(maxsize=2)
