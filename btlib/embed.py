@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
+
+from .gemm import PATHS, forced_path, forcing, plan
 
 __all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "main"]
 
@@ -117,8 +120,13 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
         if changed:
             raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
     model = load_pretrained(model_folder)  # before meta.json: a wrong folder leaves nothing to clean up
-    if not meta.is_file():
-        _write_atomic(meta, lambda f: f.write(json.dumps(settings, indent=1).encode()))
+    # One GEMM path for the whole run, kept in meta.json: the measured choice can differ between processes
+    # (another thread count, a busy CPU), and two paths round the last bits differently, so a resumed run
+    # forces the path the first run took and its shards equal an uninterrupted run's bit for bit.
+    gemm = json.loads(meta.read_text()).get("gemm") if meta.is_file() else None
+    if gemm not in PATHS:
+        gemm = forced_path() or plan(torch.bfloat16 if precision == "bf16" else torch.float32)[-1][1]
+        _write_atomic(meta, lambda f: f.write(json.dumps({**settings, "gemm": gemm}, indent=1).encode()))
     for stale in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shard
         stale.unlink()
     shards = -(-rows // shard_size)
@@ -129,7 +137,8 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
         if path.is_file():
             skipped += 1
         else:
-            emb = encode_by_tokens(model, texts, max_batch_tokens=max_batch_tokens, precision=precision).numpy()
+            with forcing(gemm):
+                emb = encode_by_tokens(model, texts, max_batch_tokens=max_batch_tokens, precision=precision).numpy()
             _write_atomic(path, lambda f: np.save(f, emb))
             written += 1
             done_rows += len(texts)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from btlib.embed import embed_file, main, read_embeddings
+from btlib.gemm import forcing
 from btlib.serve import encode_by_tokens
 from model_folder import needs_model
 
@@ -36,8 +37,10 @@ def uninterrupted(corpus):
     return read_embeddings(corpus / "full")
 
 
-def test_shards_are_encode_by_tokens_of_their_rows(uninterrupted, model):
-    ref = torch.cat([encode_by_tokens(model, TEXTS[i:i + 16], max_batch_tokens=96) for i in range(0, 58, 16)])
+def test_shards_are_encode_by_tokens_of_their_rows(corpus, uninterrupted, model):
+    gemm = json.loads((corpus / "full" / "meta.json").read_text())["gemm"]  # the run's one GEMM path
+    with forcing(gemm):
+        ref = torch.cat([encode_by_tokens(model, TEXTS[i:i + 16], max_batch_tokens=96) for i in range(0, 58, 16)])
     assert uninterrupted.shape == (58, 384) and torch.equal(torch.from_numpy(uninterrupted), ref)
     torch.testing.assert_close(torch.from_numpy(uninterrupted), model.encode(TEXTS), atol=1e-6, rtol=0)
 
@@ -109,3 +112,22 @@ def test_changed_settings_and_bad_inputs_are_errors(corpus, uninterrupted, capsy
     assert "row 1 ('text') is NoneType, not str" in capsys.readouterr().err
     with pytest.raises(ValueError, match="shard_size"):
         embed_file(corpus / "texts.txt", corpus / "x", shard_size=0)
+
+
+@pytest.mark.parametrize("first, then", [("onednn", "torch"), ("torch", "onednn")])
+def test_a_resumed_run_keeps_the_first_runs_gemm_path(tmp_path, corpus, monkeypatch, first, then):
+    """The measured GEMM choice can differ between processes (thread count, load): a resumed run takes the path its
+    first run recorded in meta.json, so it equals an uninterrupted run on that path bit for bit (was: mixed paths)."""
+    def stop_after_first(k):
+        if k == 0:
+            raise KeyboardInterrupt
+
+    kw = dict(shard_size=16, max_batch_tokens=96, progress=False)
+    monkeypatch.setenv("BTLIB_GEMM", first)
+    embed_file(corpus / "texts.txt", tmp_path / "ref", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(corpus / "texts.txt", tmp_path / "out", **kw, on_shard=stop_after_first)
+    monkeypatch.setenv("BTLIB_GEMM", then)  # the process that resumes would pick another path
+    assert embed_file(corpus / "texts.txt", tmp_path / "out", **kw)["written"] == 3
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["gemm"] == first
+    assert np.array_equal(read_embeddings(tmp_path / "out"), read_embeddings(tmp_path / "ref"))
