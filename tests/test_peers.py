@@ -202,3 +202,12 @@ def test_openvino_conversion_runs_with_telemetry_off(monkeypatch, tmp_path):
     path = rt_openvino.ov_model(FOLDER, "fp32")
     assert path.is_relative_to(tmp_path) and seen == {"CI": "true", "NNCF_CI": "1"}
     assert "CI" not in os.environ  # set only while converting
+
+
+def test_gemm_column_reads_the_measured_pick():
+    """The GEMM column names btlib.hardware's choice per token range (was: 'None', the per-path rates read as a pick)."""
+    from btlib.bench.peers import gemm_path
+
+    env = {"gemm_pick": {"fp32": [[39, "onednn"], [None, "torch"]]}, "fp32_gflops": 177.0}
+    assert gemm_path(env, "fp32") == "onednn <= 39 tokens, torch above; best 177 GFLOP/s"
+    assert gemm_path({"gemm_pick": {"bf16": [[None, "torch"]]}}, "bf16") == "torch"

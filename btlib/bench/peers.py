@@ -56,8 +56,14 @@ def gemm_path(env: dict, precision: str) -> str:
     or a dict with "path" and "gflops"), that is what is shown. Until then: what btlib calls today, with the
     BLAS torch was built with (torch.__config__) and btlib.hardware's measured n x n matmul rate.
     """
+    pick = (env.get("gemm_pick") or {}).get(precision)  # btlib.hardware's choice: [[M_max | None, path], ...]
+    if pick:
+        rate = env.get(f"{precision}_gflops")
+        where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
+                          for m, p in pick)
+        return f"{where}; best {rate:.0f} GFLOP/s" if rate else where
     chosen = (env.get(GEMM_HOOK) or {}).get(precision)
-    if isinstance(chosen, dict):
+    if isinstance(chosen, dict) and "path" in chosen:
         rate = f", {chosen['gflops']:.0f} GFLOP/s" if chosen.get("gflops") else ""
         return f"{chosen.get('path')}{rate}"
     if chosen:
