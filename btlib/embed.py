@@ -16,6 +16,7 @@ error, never a silent mix.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -122,11 +123,15 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     model = load_pretrained(model_folder)  # before meta.json: a wrong folder leaves nothing to clean up
     # One GEMM path for the whole run, kept in meta.json: the measured choice can differ between processes
     # (another thread count, a busy CPU), and two paths round the last bits differently, so a resumed run
-    # forces the path the first run took and its shards equal an uninterrupted run's bit for bit.
-    gemm = json.loads(meta.read_text()).get("gemm") if meta.is_file() else None
-    if gemm not in PATHS:
-        gemm = forced_path() or plan(torch.bfloat16 if precision == "bf16" else torch.float32)[-1][1]
-        _write_atomic(meta, lambda f: f.write(json.dumps({**settings, "gemm": gemm}, indent=1).encode()))
+    # forces the path the first run took and its shards equal an uninterrupted run's bit for bit. The thread
+    # count too: MKL's sgemm rounds differently at another one (1.3e-7 between 1 and 2 threads, measured on an
+    # Intel Xeon; oneDNN gave the same bits), so a resumed run computes at the first run's thread count.
+    recorded = json.loads(meta.read_text()) if meta.is_file() else {}
+    gemm, threads = recorded.get("gemm"), recorded.get("threads")
+    if gemm not in PATHS or not isinstance(threads, int) or threads < 1:
+        gemm = gemm if gemm in PATHS else forced_path() or plan(torch.bfloat16 if precision == "bf16" else torch.float32)[-1][1]
+        threads = torch.get_num_threads()
+        _write_atomic(meta, lambda f: f.write(json.dumps({**settings, "gemm": gemm, "threads": threads}, indent=1).encode()))
     for stale in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shard
         stale.unlink()
     shards = -(-rows // shard_size)
@@ -137,7 +142,7 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
         if path.is_file():
             skipped += 1
         else:
-            with forcing(gemm):
+            with forcing(gemm), _threads(threads):
                 emb = encode_by_tokens(model, texts, max_batch_tokens=max_batch_tokens, precision=precision).numpy()
             _write_atomic(path, lambda f: np.save(f, emb))
             written += 1
@@ -151,6 +156,16 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     seconds = time.perf_counter() - t0
     return {"rows": rows, "shards": shards, "written": written, "skipped": skipped, "seconds": seconds,
             "texts_per_s": done_rows / seconds if seconds > 0 else None}
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def _progress(k: int, shards: int, done_rows: int, seconds: float) -> None:

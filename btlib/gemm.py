@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import threading
 import weakref
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "forcing", "forced_path",
+__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
            "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
 
 PATHS = ("torch", "onednn")
@@ -56,6 +57,7 @@ _broken: dict[tuple[str, torch.dtype], str] = {}  # (path, dtype) -> why it fell
 _plans: dict[tuple, tuple[tuple[int | None, str], ...]] = {}  # (threads, dtype, BTLIB_GEMM) -> ((M_max, path), ...)
 _lock = threading.Lock()
 _forcing: contextvars.ContextVar[str | None] = contextvars.ContextVar("btlib_gemm_forcing", default=None)
+_planned: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("btlib_gemm_planned", default=None)  # (dtype, M, path)
 
 
 @contextlib.contextmanager
@@ -69,6 +71,20 @@ def forcing(path: str | None) -> Iterator[None]:
         yield
     finally:
         _forcing.reset(token)
+
+
+@contextlib.contextmanager
+def planned(dtype: torch.dtype, M: int) -> Iterator[str]:
+    """Choose the path for ``dtype`` GEMMs of M rows once (:func:`choose`) and let every :func:`linear` of that
+    dtype and M inside the block take it without asking again: how an encoder's forward, whose GEMMs all have
+    M = the tokens in the batch, decides once instead of at each of its ~24 linears (for one short query the
+    per-call choice cost more than the choice itself is worth: ~20 us a call with the caches cold after a GEMM)."""
+    path = choose(dtype, M)
+    token = _planned.set((dtype, M, path))
+    try:
+        yield path
+    finally:
+        _planned.reset(token)
 
 
 def forced_path() -> str | None:
@@ -89,7 +105,7 @@ def path_available(path: str, dtype: torch.dtype = torch.float32) -> str | None:
     if path == "torch":
         return None
     if path == "onednn":
-        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        if not _has_onednn():
             return "this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)"
         return _broken.get((path, dtype))
     if path == "int_mm":
@@ -99,11 +115,15 @@ def path_available(path: str, dtype: torch.dtype = torch.float32) -> str | None:
     raise ValueError(f"path must be one of {PATHS + INT8_PATHS}; got {path!r}")
 
 
+@functools.cache
+def _has_onednn() -> bool:  # asked at every linear: the answer is fixed for the process
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def _version(w: Tensor) -> int:
-    try:
-        return w._version
-    except RuntimeError:  # an inference tensor: no version counter, and no in-place change outside inference mode
-        return -1
+    # an inference tensor (e.g. a bf16 copy made under inference_mode) has no version counter and cannot change
+    # in place outside inference mode; asking it raises, and the raise cost ~17 us on every call
+    return -1 if w.is_inference() else w._version
 
 
 def pack(weight: Tensor) -> Tensor:
@@ -147,7 +167,8 @@ def plan(dtype: torch.dtype) -> tuple[tuple[int | None, str], ...]:
     return got
 
 
-def _choose(dtype: torch.dtype, M: int) -> str:
+def choose(dtype: torch.dtype, M: int) -> str:
+    """The path :func:`linear` takes for ``dtype`` GEMMs of M rows: forced (:func:`forcing`, BTLIB_GEMM), else measured."""
     for m_max, path in plan(dtype):
         if m_max is None or M <= m_max:
             return path
@@ -170,8 +191,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
         raise ValueError(f"path must be one of {PATHS}; got {path!r}")
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
     if x.device.type == "cpu" and x.dtype in _FLOAT and weight.dtype == x.dtype and not grad:
-        chosen = path or _choose(x.dtype, x.shape[:-1].numel())
-        if chosen == "onednn" and path_available("onednn", x.dtype) is None:
+        M = x.shape[:-1].numel()
+        chosen = path
+        if chosen is None:
+            ahead = _planned.get()
+            chosen = ahead[2] if ahead is not None and ahead[0] is x.dtype and ahead[1] == M else choose(x.dtype, M)
+        if chosen == "onednn" and _has_onednn() and ("onednn", x.dtype) not in _broken:  # path_available, inlined
             try:
                 return _onednn(x, weight, bias, activation, residual)
             except RuntimeError as e:  # e.g. bf16 without AVX-512: mkldnn_reorder_linear_weight refuses

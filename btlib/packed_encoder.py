@@ -200,14 +200,20 @@ class PackedEncoder(nn.Module):
             raise RuntimeError(f"PackedEncoder applies no dropout, but {active} is in training mode: call .eval() "
                                "for inference, or train with the PyTorch module itself")
         kernel = self._kernel(x)
-        for layer in self.layers:
-            if layer.norm_first:
-                x = x + self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen, kernel)
-                x = x + self._feed_forward(layer, layer.norm2(x))
-            else:
-                x = layer.norm1(x + self._attention(layer, x, cu_seqlens, max_seqlen, kernel))
-                x = layer.norm2(x + self._feed_forward(layer, x))
+        with gemm.planned(x.dtype, x.shape[0]):  # every linear here has M = total tokens: one GEMM path for all
+            x = self._each_layer(x, cu_seqlens, max_seqlen, kernel)
         return self.norm(x) if self.norm is not None else x
+
+    def _each_layer(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel) -> Tensor:
+        for layer in self.layers:
+            # the residual add rides in the output projection's and linear2's GEMM epilogue (btlib.gemm)
+            if layer.norm_first:
+                x = self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen, kernel, residual=x)
+                x = self._feed_forward(layer, layer.norm2(x), residual=x)
+            else:
+                x = layer.norm1(self._attention(layer, x, cu_seqlens, max_seqlen, kernel, residual=x))
+                x = layer.norm2(self._feed_forward(layer, x, residual=x))
+        return x
 
     def _kernel(self, x: Tensor) -> Kernel:
         """The varlen kernel for every layer's (total, H, Dh) q, k, v in x's dtype and device: selected once."""
@@ -221,7 +227,9 @@ class PackedEncoder(nn.Module):
         return self._kernels[key]
 
     @staticmethod
-    def _attention(layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel) -> Tensor:
+    def _attention(layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel,
+                   residual: Tensor | None = None) -> Tensor:
+        """out_proj(attention(x)) + residual (None: no residual)."""
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
@@ -230,10 +238,11 @@ class PackedEncoder(nn.Module):
         # which saves writing 3 * total * d floats per layer into freshly faulted-in pages.
         q, k, v = qkv.unbind(1)  # (total, H, Dh) each
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)  # (total, H, Dh)
-        return gemm.module_linear(a.out_proj, o.view(total, d))
+        return gemm.module_linear(a.out_proj, o.view(total, d), residual)
 
     @staticmethod
-    def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
+    def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """linear2(act(linear1(x))) + residual (None: no residual)."""
         kind = _fused_kind(layer)
         # bias + activation fused into the GEMM's epilogue where the path has one (btlib.gemm): one pass over
         # the (total, d_ff) activations, not three; any other activation runs as given
@@ -241,5 +250,5 @@ class PackedEncoder(nn.Module):
             h = gemm.linear(x, layer.linear1.weight, layer.linear1.bias, activation=kind)
         else:
             h = layer.activation(gemm.linear(x, layer.linear1.weight, layer.linear1.bias))
-        return gemm.module_linear(layer.linear2, h)
+        return gemm.module_linear(layer.linear2, h, residual)
 

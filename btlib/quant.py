@@ -190,11 +190,11 @@ class Int8PackedEncoder(PackedEncoder):
         return super()._layers(x, cu_seqlens, max_seqlen)
 
     def _attention(self, layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int,
-                   *kernel) -> Tensor:
+                   *kernel, residual: Tensor | None = None) -> Tensor:
         # *kernel: the varlen kernel PackedEncoder selected once per forward, where its version passes one
         q8 = self._q[id(layer)]
         if "qkv" not in q8 and "out_proj" not in q8:
-            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel)
+            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel, residual=residual)
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
@@ -205,14 +205,16 @@ class Int8PackedEncoder(PackedEncoder):
         else:
             o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=self.attention_backend)  # (total, H, Dh)
         o = o.reshape(total, d)
-        return q8["out_proj"](o) if "out_proj" in q8 else a.out_proj(o)
+        y = q8["out_proj"](o) if "out_proj" in q8 else a.out_proj(o)
+        return y if residual is None else y + residual
 
-    def _feed_forward(self, layer: nn.TransformerEncoderLayer, x: Tensor) -> Tensor:
+    def _feed_forward(self, layer: nn.TransformerEncoderLayer, x: Tensor, residual: Tensor | None = None) -> Tensor:
         q8 = self._q[id(layer)]
         if "linear1" not in q8 and "linear2" not in q8:
-            return PackedEncoder._feed_forward(layer, x)
+            return PackedEncoder._feed_forward(layer, x, residual)
         h = q8["linear1"](x) if "linear1" in q8 else layer.activation(layer.linear1(x))
-        return q8["linear2"](h) if "linear2" in q8 else layer.linear2(h)
+        y = q8["linear2"](h) if "linear2" in q8 else layer.linear2(h)
+        return y if residual is None else y + residual
 
 
 def quantize(packed: PackedEncoder, *, keep_fp32: dict[int, tuple[str, ...]] | tuple[str, ...] = (),

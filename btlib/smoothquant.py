@@ -40,7 +40,7 @@ class _Recorder(PackedEncoder):
         m, seen = x.detach().abs().amax(0).float(), self.stats[id(layer)]
         seen[name] = torch.maximum(seen[name], m) if name in seen else m
 
-    def _attention(self, layer, x, cu_seqlens, max_seqlen, kernel):
+    def _attention(self, layer, x, cu_seqlens, max_seqlen, kernel, residual=None):
         # PackedEncoder._attention, with out_proj's input recorded between the attention and out_proj
         self.keep(layer, "qkv", x)
         a = layer.self_attn
@@ -48,13 +48,15 @@ class _Recorder(PackedEncoder):
         q, k, v = F.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, a.num_heads, d // a.num_heads).unbind(1)
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None).reshape(total, d)  # (total, d)
         self.keep(layer, "out_proj", o)
-        return F.linear(o, a.out_proj.weight, a.out_proj.bias)
+        y = F.linear(o, a.out_proj.weight, a.out_proj.bias)
+        return y if residual is None else y + residual
 
-    def _feed_forward(self, layer, x):
+    def _feed_forward(self, layer, x, residual=None):
         self.keep(layer, "linear1", x)
         h = layer.activation(layer.linear1(x))
         self.keep(layer, "linear2", h)
-        return layer.linear2(h)
+        y = layer.linear2(h)
+        return y if residual is None else y + residual
 
 
 @torch.inference_mode()

@@ -100,3 +100,36 @@ def test_peak_memory_sees_the_score_matrix():
 
     with sdpa_kernel(SDPBackend.MATH):  # the math backend allocates and frees its scores inside one operator
         assert bench.peak_memory(lambda: F.scaled_dot_product_attention(q, q, q)) >= scores
+
+
+def _where(out, ref, x):
+    import os
+
+    return {"pid": float(os.getpid()), "threads": float(torch.get_num_threads())}
+
+
+ISOLATION = bench.declare(bench.Benchmark(  # declared at the top level: an isolated provider's worker imports it
+    name="test_isolation", description="x * 2, each provider in this process or a worker of its own",
+    x_name="n", x_vals=(4, 8),
+    providers=lambda: [bench.Provider("here", lambda x: x["x"] * 2),
+                       bench.Provider("away", lambda x: x["x"] * 2, isolated=True),
+                       bench.Provider("away_wrong", lambda x: x["x"] * 3, isolated=True),
+                       bench.Provider("away_absent", lambda x: x["x"] * 2, available=lambda: "needs X", isolated=True)],
+    make_inputs=lambda p: {"x": torch.arange(p["n"], dtype=torch.float32)},
+    reference=lambda x: x["x"] * 2, error=lambda out, ref, x: float((out - ref).abs().max()), tol=1e-6,
+    metrics=_where,
+))
+
+
+def test_isolated_providers_are_checked_and_timed_in_a_worker_of_their_own():
+    import os
+
+    rows = bench.run(ISOLATION, threads=1, warmup=1, min_runs=3, max_runs=3, min_time_s=0, save=False)
+    by = {(r["provider"], r["x"]): r for r in rows}
+    assert [r["provider"] for r in rows] == ["here", "away", "away_wrong", "away_absent"] * 2  # the declared order
+    assert by[("here", 4)]["pid"] == os.getpid() and by[("here", 4)]["status"] == "ok"
+    away = {by[("away", n)]["pid"] for n in (4, 8)}
+    assert len(away) == 1 and os.getpid() not in away  # one worker, kept for the run
+    assert by[("away", 8)]["status"] == "ok" and by[("away", 8)]["runs"] == 3 and by[("away", 8)]["threads"] == 1
+    assert by[("away_wrong", 4)]["status"] == "wrong" and "not timed" in by[("away_wrong", 4)]["reason"]
+    assert by[("away_absent", 4)]["status"] == "skipped" and by[("away_absent", 4)]["reason"] == "needs X"

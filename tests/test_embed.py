@@ -83,8 +83,14 @@ def test_killed_process_resumes_to_the_same_bits(tmp_path, model):
     proc.wait()
     done = len(list((tmp_path / "out").glob("shard-*.npy")))
     assert 1 <= done < 15, f"{done} of 15 shards at the kill: the test needs the run stopped mid-way"
-    assert main([str(tmp_path / "c.txt"), str(tmp_path / "out"), "--shard-size", "8", "--quiet"]) == 0
-    assert main([str(tmp_path / "c.txt"), str(tmp_path / "ref"), "--shard-size", "8", "--quiet"]) == 0
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["threads"] == 1  # the killed run's
+    assert main([str(tmp_path / "c.txt"), str(tmp_path / "out"), "--shard-size", "8", "--quiet"]) == 0  # resumed here
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the reference: the same command uninterrupted, at the first run's thread count
+    try:
+        assert main([str(tmp_path / "c.txt"), str(tmp_path / "ref"), "--shard-size", "8", "--quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     assert not list((tmp_path / "out").glob(".shard-*"))
     assert np.array_equal(read_embeddings(tmp_path / "out"), read_embeddings(tmp_path / "ref"))
 

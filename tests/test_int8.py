@@ -162,7 +162,9 @@ def test_int8_nan_and_inf_propagate_as_in_fp32(torch_ops, activation, smooth, mo
         out = lin(x)
     bad = ~x.isfinite().all(1)
     assert bad.tolist() == [False, True, True, True, True, False]
-    assert ref[bad].isnan().any() and ref[bad].isinf().any() and not ref[bad].isinf().all()
+    # torch's vectorised GELU gives NaN for +inf too (0.5 x (1 + erf(x / sqrt 2)) in SIMD lanes; the scalar tail gives
+    # inf), so after GELU the bad rows may hold no inf at all: fp32's answer either way, and out must match it
+    assert ref[bad].isnan().any() and (activation == "gelu" or ref[bad].isinf().any()) and not ref[bad].isinf().all()
     torch.testing.assert_close(out[bad], ref[bad], rtol=1e-6, atol=1e-6, equal_nan=True)  # NaN, +-inf, finite: fp32's
     assert (out[~bad] - ref[~bad]).abs().max() < 0.02 * ref[~bad].abs().max()  # clean rows: int8 as before
     assert out[1].isnan().all()  # a NaN token is NaN throughout, as in fp32

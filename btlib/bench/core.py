@@ -48,6 +48,10 @@ class Provider:
     checked=False marks a yardstick that computes something else on purpose (e.g. the "ideal"
     run on a batch without padding); it is timed but not compared with the reference.
     tol overrides the benchmark's tolerance for this provider (e.g. a bf16 provider).
+    isolated=True checks and times it in a worker process of its own (spawned once per run, same thread
+    count), for an engine that changes torch's behaviour in the process it runs in: after CTranslate2's
+    first call, torch's small parallel ops in that process ran up to ~15x slower for the rest of it
+    (a 13 x 384 layer_norm 4.8 -> 70 us; one query's encode 5.0 -> 9.5 ms, on a 2-core Xeon).
     precision: whose measured matmul rate bounds it ("fp32", "bf16" or "int8"): a row's ``of_bound``
     is its useful GFLOP/s over that rate (btlib.hardware.machine(); int8: btlib.quant.int8_gemm_gflops()).
     """
@@ -59,6 +63,7 @@ class Provider:
     checked: bool = True
     tol: float | None = None
     precision: str = "fp32"
+    isolated: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
     if threads:
         torch.set_num_threads(threads)
     rows: list[dict] = []
+    workers: dict[str, Any] = {}  # isolated provider -> its worker process
     try:
         env = describe_machine()
         provs = [pr for pr in bench.providers() if providers is None or pr.name in providers]
@@ -170,6 +176,11 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
             flops = bench.flops(point) if bench.flops else None
             nbytes = bench.bytes(point) if bench.bytes else None
             for pr in provs:
+                if pr.isolated and pr.available() is None:  # a missing package is reported here, with no worker spawned
+                    rows.append(_isolated_row(bench, pr, x, p, quick, workers, timing))
+                    if progress:
+                        progress(_progress_line(rows[-1]))
+                    continue
                 row: dict[str, Any] = {"benchmark": bench.name, "provider": pr.name, "x_name": bench.x_name, "x": x,
                                        "params": {k: v for k, v in point.items() if _jsonable(v)}}
                 why = pr.available()
@@ -200,12 +211,50 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                 if progress:
                     progress(_progress_line(row))
     finally:
+        for worker in workers.values():
+            worker.shutdown()
         torch.set_num_threads(old_threads)
     path = Path(json_path) if json_path else (results_dir() / f"{bench.name}.jsonl" if save and results_dir() else None)
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+def _isolated_row(bench: Benchmark, pr: Provider, x: Any, params: dict, quick: bool, workers: dict, timing: dict) -> dict:
+    """One (provider, x) row of ``bench`` checked and timed by :func:`run` in ``pr``'s own worker process (spawned
+    on first use, kept for the rest of this run; the parent waits idle meanwhile)."""
+    import concurrent.futures
+    import multiprocessing
+
+    if pr.name not in workers:
+        workers[pr.name] = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    module = getattr(pr.fn, "__module__", None)  # where the benchmark is declared, if not in btlib.bench
+    return workers[pr.name].submit(_run_one, bench.name, pr.name, x, params, quick, torch.get_num_threads(), timing,
+                                   module).result()
+
+
+def _run_one(name: str, provider: str, x: Any, params: dict, quick: bool, threads: int, timing: dict,
+             module: str | None = None) -> dict:
+    """In a worker process: the row of one declared benchmark's ``provider`` at ``x``, by :func:`run`."""
+    import importlib
+
+    from . import load_all
+
+    declared = load_all().get(name)
+    if declared is None and module:
+        importlib.import_module(module)  # declares it
+        declared = BENCHMARKS.get(name)
+    if declared is None:
+        raise LookupError(f"isolated providers run declared benchmarks only (btlib.bench.declare at a module's top "
+                          f"level); {name!r} is not one")
+    here = Benchmark(**{**declared.__dict__,
+                        "providers": lambda: [_local(pr) for pr in declared.providers() if pr.name == provider]})
+    return run(here, quick=quick, threads=threads, providers=[provider], x_vals=[x], params=params, save=False, **timing)[0]
+
+
+def _local(pr: Provider) -> Provider:
+    return Provider(**{**pr.__dict__, "isolated": False})
 
 
 def run_rounds(bench: Benchmark, rounds: int = 3, **kwargs) -> list[dict]:

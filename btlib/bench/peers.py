@@ -141,7 +141,7 @@ def peer_providers(low_tol: float) -> list[Provider]:
     ov_default = "bf16" if bf16_native()[0] else "fp32"  # OpenVINO's CPU default is bf16 exactly where btlib calls it native
     return [
         Provider("ov_fp32", _ov("fp32", "f32"), available=_needs(ov, hf), label="OpenVINO fp32 (INFERENCE_PRECISION_HINT=f32)"),
-        Provider("ct2_fp32", _ct2("float32"), available=_needs(ct2, hf), label="CTranslate2 fp32"),
+        Provider("ct2_fp32", _ct2("float32"), available=_needs(ct2, hf), label="CTranslate2 fp32", isolated=True),
         Provider("fastembed", _fastembed, available=_needs(rt_fastembed.fastembed_available, hf),
                  label="fastembed (ONNX Runtime inside)"),
         Provider("ov_default", _ov("fp32", None), available=_needs(ov, hf), tol=low_tol, precision=ov_default,
@@ -150,7 +150,8 @@ def peer_providers(low_tol: float) -> list[Provider]:
                  label="OpenVINO weight-only int8 (NNCF)"),
         Provider("ov_int8_nncf", _ov("int8_nncf", None), available=_needs(ov8, hf), tol=low_tol, precision="int8",
                  label="OpenVINO NNCF full int8"),
-        Provider("ct2_int8", _ct2("int8"), available=_needs(ct2, hf), tol=low_tol, precision="int8", label="CTranslate2 int8"),
+        Provider("ct2_int8", _ct2("int8"), available=_needs(ct2, hf), tol=low_tol, precision="int8", label="CTranslate2 int8",
+                 isolated=True),
     ]
 
 

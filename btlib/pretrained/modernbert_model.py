@@ -34,6 +34,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from .. import gemm
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
 from .model import Pooling, Prompts, check_encode_args, packed_positions
@@ -167,8 +168,9 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
                   for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
         stack = self._stack(dtype)
         x = self.embeddings(ids).to(dtype)  # (total, d)
-        for i, layer in enumerate(stack.layers):
-            x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen)
+        with gemm.planned(dtype, x.shape[0]):  # every linear of the stack has M = total tokens: one GEMM path for all
+            for i, layer in enumerate(stack.layers):
+                x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen)
         return stack.final_norm(x).float()
 
     # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------

@@ -21,6 +21,7 @@ elsewhere bf16 is converted to fp32 while packing. The output is rounded to bf16
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import torch
@@ -39,13 +40,21 @@ def _scale(q: Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
+_bf16_fine: tuple | None = None  # (build, BTLIB_ASSUME_NO_BF16) for which a bf16 call found nothing to warn about
+
+
+def _bf16_state() -> tuple:
+    return build.isa(), os.environ.get("BTLIB_ASSUME_NO_BF16", "")
+
+
 def _check_bf16(q: Tensor) -> None:
     """Warn once when bf16 inputs reach a build without bf16 dot products: they then run at the fp32 rate.
 
     Silent if btlib already warned about bf16 in this process (PackedEncoder and encode() warn about
     the slower matmuls, which matter more than this).
     """
-    if q.dtype != torch.bfloat16:  # the fp32 hot path pays one comparison
+    global _bf16_fine
+    if q.dtype != torch.bfloat16 or _bf16_fine == _bf16_state():  # the hot paths pay one comparison
         return
     from ... import device
 
@@ -56,6 +65,7 @@ def _check_bf16(q: Tensor) -> None:
 
     native, why = bf16_native()
     if isa == "avx512bf16" and native:
+        _bf16_fine = _bf16_state()
         return
     device._warned.add("C++ attention")
 
