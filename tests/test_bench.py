@@ -133,3 +133,14 @@ def test_isolated_providers_are_checked_and_timed_in_a_worker_of_their_own():
     assert by[("away", 8)]["status"] == "ok" and by[("away", 8)]["runs"] == 3 and by[("away", 8)]["threads"] == 1
     assert by[("away_wrong", 4)]["status"] == "wrong" and "not timed" in by[("away_wrong", 4)]["reason"]
     assert by[("away_absent", 4)]["status"] == "skipped" and by[("away_absent", 4)]["reason"] == "needs X"
+
+
+def test_an_isolated_provider_whose_worker_fails_is_a_row_not_a_crash():
+    undeclared = bench.Benchmark(  # not declared: the worker cannot find it, which must not end the run
+        name="test_isolation_undeclared", description="x * 2", x_name="n", x_vals=(4,),
+        providers=lambda: [bench.Provider("here", lambda x: x["x"] * 2), bench.Provider("away", lambda x: x["x"] * 2, isolated=True)],
+        make_inputs=lambda p: {"x": torch.arange(p["n"], dtype=torch.float32)},
+        reference=lambda x: x["x"] * 2, error=lambda out, ref, x: float((out - ref).abs().max()), tol=1e-6)
+    rows = bench.run(undeclared, warmup=1, min_runs=3, max_runs=3, min_time_s=0, save=False)
+    assert [r["status"] for r in rows] == ["ok", "skipped"]
+    assert "worker process failed: LookupError" in rows[1]["reason"] and "declare" in rows[1]["reason"]

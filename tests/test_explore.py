@@ -22,7 +22,7 @@ def test_run_point_records_checked_speedups():
     assert 0.0 < p_real < 1.0  # Zipf lengths bring their own padding, the slider's value is ignored
     ax = ex.plot(4, 32)
     labels = [line.get_label() for line in ax.lines]
-    assert "btlib_packed" in labels and "ideal 1/(1-p)" in labels
+    assert "btlib_packed" in labels and "FLOP ratio 1/(1-p)" in labels
 
 
 def test_widget_reruns_on_change():

@@ -146,13 +146,13 @@ def test_cells_and_the_query():
             peers.cell_texts({"cell": bad})
 
 
-def test_gemm_path_reads_the_hook_and_otherwise_says_what_btlib_calls_today():
-    env = {"fp32_gflops": 188.0, "bf16_gflops": 780.0}
-    assert peers.gemm_path(env, "fp32").startswith("F.linear/addmm (") and peers.gemm_path(env, "fp32").endswith("188 GFLOP/s")
-    assert peers.gemm_path(env, "int8").startswith("torch._int_mm")
-    chosen = {**env, peers.GEMM_HOOK: {"fp32": {"path": "onednn packed", "gflops": 521.4}, "bf16": "onednn bf16"}}
-    assert peers.gemm_path(chosen, "fp32") == "onednn packed, 521 GFLOP/s"
-    assert peers.gemm_path(chosen, "bf16") == "onednn bf16"
+def test_gemm_path_names_the_measured_choice_and_the_fallback():
+    env = {"fp32_gflops": 188.0, "bf16_gflops": 780.0, "gemm": {"int8": {"int_mm": {"12": 290.0, "1024": 2670.4}}},
+           "gemm_pick": {"fp32": [[362, "onednn"], [None, "torch"]]}}
+    assert peers.gemm_path(env, "fp32") == "onednn <= 362 tokens, torch above; best 188 GFLOP/s"
+    assert peers.gemm_path(env, "bf16") == "F.linear; best 780 GFLOP/s"  # no choice recorded: btlib.gemm's fallback
+    assert peers.gemm_path(env, "int8") == "torch._int_mm (btlib.quant); best 2670 GOP/s"
+    assert peers.gemm_path({}, "int8") == "torch._int_mm (btlib.quant)" and peers.gemm_path({}, "fp32") == "F.linear"
 
 
 def test_summary_pivots_rows_into_the_issue_table():

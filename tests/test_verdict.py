@@ -6,7 +6,7 @@ import pytest
 
 import btlib.bench.verdict as verdict
 from btlib.bench import compare, find_row, noise
-from btlib.bench.verdict import faster_first
+from btlib.bench.verdict import faster_first, share_of_ideal
 
 
 def _row(provider, median, lo=None, rounds=None, status="ok"):
@@ -73,3 +73,23 @@ def test_faster_first_names_the_faster_row_first():
     slow, fast = _row("slow", 100), _row("fast", 25)
     assert faster_first(slow, fast, "v1", "v3") == "v3 against v1: 4.00x faster (noise ±2%)"
     assert faster_first(fast, slow, "v3", "v1") == "v3 against v1: 4.00x faster (noise ±2%)"
+
+
+def test_share_of_ideal_is_never_a_fraction_above_one():
+    ideal = {"provider": "ideal", "median_ms": 10.0, "min_ms": 10.0}
+    row = lambda ms, rounds: {"provider": "p", "median_ms": ms, "min_ms": ms, "round_medians_ms": rounds}  # noqa: E731
+    assert share_of_ideal(row(12.5, [12.5, 12.6]), ideal) == "80% of the ideal (noise ±2%)"
+    assert share_of_ideal(row(9.8, [9.8, 10.2]), ideal, "its ideal") == "as fast as its ideal within noise (±4%)"
+    beyond = share_of_ideal(row(8.0, [8.0, 8.1]), ideal)
+    assert beyond.startswith("1.25x faster than the ideal, beyond noise") and "too low to be a bound" in beyond
+    assert "%" not in beyond.split("(")[0]  # no "125% of the ideal"
+
+
+def test_each_padding_free_path_is_a_share_of_its_own_engines_ideal():
+    from btlib.bench.encoder import encoder_providers, ideal_row
+
+    names = [p.name for p in encoder_providers()]
+    assert {"ideal", "ideal_packed"} <= set(names)
+    rows = [{"provider": n, "x": 0.5} for n in ("ideal", "ideal_packed")]
+    assert ideal_row(rows, "btlib_packed", 0.5)["provider"] == "ideal_packed"
+    assert ideal_row(rows, "fastpath_nested", 0.5)["provider"] == "ideal"

@@ -10,7 +10,7 @@ import pkgutil
 from .core import BENCHMARKS, Benchmark, Provider, declare, describe_machine, quick_mode, results_dir, run, run_rounds, time_fn
 from .memory import peak_memory
 from .report import load_rows, plot, speedups, table
-from .verdict import Comparison, compare, find_row, noise
+from .verdict import Comparison, compare, find_row, noise, share_of_ideal
 
 _HARNESS = {"core", "report", "memory", "verdict", "__main__"}
 
@@ -24,4 +24,4 @@ def load_all() -> dict[str, Benchmark]:
 
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run", "run_rounds",
-           "time_fn", "Comparison", "compare", "find_row", "noise", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]
+           "time_fn", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

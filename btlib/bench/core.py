@@ -230,8 +230,14 @@ def _isolated_row(bench: Benchmark, pr: Provider, x: Any, params: dict, quick: b
     if pr.name not in workers:
         workers[pr.name] = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     module = getattr(pr.fn, "__module__", None)  # where the benchmark is declared, if not in btlib.bench
-    return workers[pr.name].submit(_run_one, bench.name, pr.name, x, params, quick, torch.get_num_threads(), timing,
-                                   module).result()
+    try:
+        return workers[pr.name].submit(_run_one, bench.name, pr.name, x, params, quick, torch.get_num_threads(), timing,
+                                       module).result()
+    except Exception as e:  # noqa: BLE001 - the worker died or could not run it: reported as a row, like a raising provider
+        workers.pop(pr.name).shutdown(wait=False, cancel_futures=True)  # a dead pool: the next x spawns a fresh worker
+        return {"benchmark": bench.name, "provider": pr.name, "x_name": bench.x_name, "x": x,
+                "params": {k: v for k, v in {**params, bench.x_name: x}.items() if _jsonable(v)}, "status": "skipped",
+                "reason": f"its worker process failed: {type(e).__name__}: {e}", "env": describe_machine()}
 
 
 def _run_one(name: str, provider: str, x: Any, params: dict, quick: bool, threads: int, timing: dict,

@@ -12,6 +12,9 @@ Providers (one encoder, shared weights, eval mode under torch.inference_mode):
   rates, where this CPU's bf16 is not native or slower than fp32 (btlib.device.bf16_slow_reason).
 - ``ideal`` (unchecked yardstick): the fastpath on a batch with the same number of real tokens
   and no padding, B sequences of length round((1 - p) T). What skipping padding could reach.
+  ``ideal_packed``: the same batch through btlib.PackedEncoder: btlib's own ideal. A path's share of
+  the ideal is taken against its own engine's (:func:`ideal_row`): btlib's kernels and GEMM path can
+  beat PyTorch's fastpath on the same tokens, so the fastpath's ideal is no bound for btlib.
 
 Checked at real tokens only, against ``slow``: padded rows differ by design (the nested path
 writes 0 there). Tolerance 1e-4 relative: 12 post-LN layers of fp32 GEMMs that sum in a
@@ -65,7 +68,17 @@ def encoder_providers() -> list[Provider]:
         Provider("btlib_packed_bf16", lambda x: _fast(cached_packed(x["config"], torch.bfloat16), x["src"], x["lengths"]),
                  label="btlib.PackedEncoder, bf16", tol=5e-2, available=bf16_slow_reason, precision="bf16"),
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
+        Provider("ideal_packed", lambda x: _fast(cached_packed(x["config"]), x["ideal_src"]),
+                 label="btlib.PackedEncoder on real tokens only", checked=False),
     ]
+
+
+def ideal_row(rows: list[dict], provider: str, x) -> dict:
+    """The ideal that ``provider``'s row at ``x`` is a share of: its own engine on the real tokens alone
+    (``ideal_packed`` for btlib's rows, ``ideal`` for PyTorch's)."""
+    from .verdict import find_row
+
+    return find_row(rows, "ideal_packed" if provider.startswith("btlib") else "ideal", x)
 
 
 def encoder_inputs(p: dict) -> dict:

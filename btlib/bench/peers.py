@@ -37,41 +37,30 @@ from ..hardware import bf16_native
 from . import pretrained, rt_ctranslate2, rt_fastembed, rt_openvino, runtimes
 from .core import Benchmark, Provider, declare
 
-__all__ = ["QUERY", "CELLS", "FP32_TOL", "LOW_TOL", "GEMM_HOOK", "gemm_path", "cell_texts", "peer_providers", "summary"]
+__all__ = ["QUERY", "CELLS", "FP32_TOL", "LOW_TOL", "gemm_path", "cell_texts", "peer_providers", "summary"]
 
 QUERY = "How do I reset the password on my work laptop?"  # 10 words, 13 tokens with [CLS] and [SEP]
 CELLS = ("file/32", "file/128", "draws/32", "draws/128", "passages/32", "passages/128", "query/1")
 FP32_TOL = 1e-6
 LOW_TOL = 0.15
-GEMM_HOOK = "gemm"  # describe_machine()[GEMM_HOOK][precision], once btlib.hardware chooses a GEMM path (issue 21)
-# What btlib's packed encoder calls today: F.linear and torch._addmm_activation (FFN + GELU), on the BLAS torch was
-# built with for fp32; the same ops in bf16; btlib.quant's torch._int_mm for int8.
-_TODAY = {"fp32": "F.linear/addmm ({blas})", "bf16": "F.linear/addmm bf16", "int8": "torch._int_mm (btlib.quant)"}
-
-
 def gemm_path(env: dict, precision: str) -> str:
     """The GEMM path btlib's ``precision`` rows ran on, from a row's ``env`` (:func:`btlib.device.describe_machine`).
 
-    HOOK: where btlib.hardware reports a chosen path per precision (``env["gemm"][precision]``: a string,
-    or a dict with "path" and "gflops"), that is what is shown. Until then: what btlib calls today, with the
-    BLAS torch was built with (torch.__config__) and btlib.hardware's measured n x n matmul rate.
+    fp32 / bf16: btlib.hardware's measured choice per token range (``gemm_pick``) and the best rate of that
+    precision; int8: btlib.quant's torch._int_mm and the best rate measured for it; F.linear where no choice is
+    recorded (btlib.gemm's fallback).
     """
-    pick = (env.get("gemm_pick") or {}).get(precision)  # btlib.hardware's choice: [[M_max | None, path], ...]
-    if pick:
-        rate = env.get(f"{precision}_gflops")
-        where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
-                          for m, p in pick)
-        return f"{where}; best {rate:.0f} GFLOP/s" if rate else where
-    chosen = (env.get(GEMM_HOOK) or {}).get(precision)
-    if isinstance(chosen, dict) and "path" in chosen:
-        rate = f", {chosen['gflops']:.0f} GFLOP/s" if chosen.get("gflops") else ""
-        return f"{chosen.get('path')}{rate}"
-    if chosen:
-        return str(chosen)
-    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    path = _TODAY[precision].format(blas=blas.group(1) if blas else "BLAS unknown")
+    if precision == "int8":
+        rates = ((env.get("gemm") or {}).get("int8") or {}).get("int_mm") or {}
+        best = max(rates.values(), default=None)
+        return "torch._int_mm (btlib.quant)" + (f"; best {best:.0f} GOP/s" if best else "")
+    pick = (env.get("gemm_pick") or {}).get(precision)  # [[M_max | None, path], ...]
     rate = env.get(f"{precision}_gflops")
-    return f"{path}, matmul {rate:.0f} GFLOP/s" if rate else path
+    if not pick:
+        return "F.linear" + (f"; best {rate:.0f} GFLOP/s" if rate else "")
+    where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
+                      for m, p in pick)
+    return f"{where}; best {rate:.0f} GFLOP/s" if rate else where
 
 
 def cell_texts(p: dict) -> tuple[list[str], int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row"]
+__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal"]
 
 FLOOR = 0.02
 
@@ -76,6 +76,18 @@ def faster_first(a: dict, b: dict, name_a: str, name_b: str) -> str:
     if compare(a, b).ratio < 1:
         a, b, name_a, name_b = b, a, name_b, name_a
     return f"{name_a} against {name_b}: {compare(a, b)}"
+
+
+def share_of_ideal(row: dict, ideal: dict, name: str = "the ideal") -> str:
+    """How close ``row`` came to its ``ideal`` row (a yardstick: what no padding, or the best measured rate,
+    allows), never as a fraction above 100%: "87% of the ideal (noise ±3%)", "as fast as the ideal within
+    noise (±4%)", or, beyond noise, a sentence saying that the ideal is too low to be a bound."""
+    c = compare(row, ideal)
+    if c.ratio <= 1:
+        return f"{c.ratio:.0%} of {name} (noise ±{c.noise:.0%})"
+    if c.ratio - 1 <= c.noise:
+        return f"as fast as {name} within noise (±{c.noise:.0%})"
+    return f"{c.ratio:.2f}x faster than {name}, beyond noise (±{c.noise:.0%}): {name} is too low to be a bound"
 
 
 def find_row(rows: Sequence[dict], provider: str, x: Any = None, **params: Any) -> dict:
