@@ -35,11 +35,8 @@ where int8 does not pay.
 from __future__ import annotations
 
 import functools
-import platform
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +51,6 @@ __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kern
            "warn_if_slow_int8", "LINEARS"]
 
 LINEARS = ("qkv", "out_proj", "linear1", "linear2")  # the four GEMMs of a layer, in order
-SOURCE = Path(__file__).resolve().parent / "kernels" / "cpu" / "int8.cpp"
 ROWS = 1024  # tokens per _int_mm call: its rate fell from ~1800 to ~540 GOP/s past 6144 rows (K=384, N=1536, 2 threads)
 _warned: set[str] = set()
 
@@ -63,22 +59,24 @@ _warned: set[str] = set()
 def kernels():
     """The fused quantize / dequantize passes of int8.cpp (compiled once, into $TORCH_EXTENSIONS_DIR), or None.
 
-    None where no C++ compiler is found: Int8Linear then runs the same arithmetic as torch ops (slower).
+    None where no C++ compiler is found, or where the build failed (one warning with the compiler's first
+    errors, then never compiled again in this process): Int8Linear then runs the same arithmetic as torch
+    ops (slower). The build is btlib.kernels.cpu.build.int8_module: the attention kernels' cache, ISA flags
+    and announcement. Cached here because Int8Linear.forward asks on every call.
     """
     from .kernels.cpu import build
 
-    if build.available() is not None:
-        return None
-    from torch.utils.cpp_extension import _get_build_directory, load
-
-    isa = build.isa()
-    name = f"btlib_int8_{isa}"
-    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *build._FLAGS[isa]]
-    if platform.system() != "Darwin":
-        flags.append("-fopenmp")  # at::parallel_for is an OpenMP region inlined here
-    if not (Path(_get_build_directory(name, False)) / f"{name}.so").exists():
-        print(f"btlib: compiling the int8 helpers ({SOURCE.name}, {isa}) - once, about 20 s ...", file=sys.stderr)
-    return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=flags[-1:] if "-fopenmp" in flags else [])
+    why = build.int8_available()
+    if why is None:
+        try:
+            return build.int8_module()
+        except RuntimeError:
+            why = build.int8_available()  # the remembered failure: the compiler's first errors
+    if not why.startswith("no C++ compiler") and "int8 build" not in _warned:  # no compiler: the documented fallback
+        _warned.add("int8 build")
+        warnings.warn(f"btlib: {why}\nbtlib.quant.Int8Linear runs the same arithmetic as torch ops from now on in this "
+                      "process (slower); fix the compiler (or CXX) and restart to use int8.cpp.", RuntimeWarning, stacklevel=2)
+    return None
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,25 +1,38 @@
-"""The build state machine both compiled kernels share (cpu/build.py, cuda/build.py).
+"""The one build path of every compiled piece of btlib: attention kernels, int8 helpers, CUDA kernel, emulator.
 
-    ext = Extension("C++ attention kernels", "C++ kernels", fallback, toolchain)
-    ext.available() -> None | str   cheap: the remembered failure, else None once built, else toolchain()
-    ext.load(key, name, ops, announce, **cpp_extension_kwargs) -> str   build once per key, return build_info()
+    ext = Extension("C++ attention kernels", fallback, toolchain, about_s=30)
+    ext.available(name) -> None | str    cheap: name's remembered failure, else None once built, else toolchain()
+    ext.load(name, ops, detail, depends, **cpp_extension_kwargs) -> str   a TORCH_LIBRARY library: its build_info()
+    ext.module(name, detail, depends, **cpp_extension_kwargs)             a pybind11 module (int8.cpp)
+    ext.build(name, make, detail, depends) -> what make() returns         any other build (the emulator's g++)
 
-A build is one ``torch.utils.cpp_extension.load`` of a library that registers ``torch.ops.<ops>``
-with a ``build_info()`` op. It runs at most once per key and process (later calls return the info
-line), and a failed build is remembered (``remember_failure``), so :meth:`Extension.available`
-says why from then on and ``backend="auto"`` moves on to the next kernel instead of recompiling
-on every call. cpp_extension is imported on the first build, never at ``import btlib``.
+Every build goes through :meth:`Extension.build`, which gives them the same rules:
+
+- cache: ``$TORCH_EXTENSIONS_DIR/<name>/`` (torch's default ~/.cache/torch_extensions without it);
+- once per library name and process: later calls return the first result (one dict lookup), and two
+  threads asking at once build it once (a lock; across processes cpp_extension's file baton does this);
+- one line on stderr before a compile, ``btlib: compiling the <what> (<detail>) into <dir> - once, about
+  N s ...``, printed only when the library is missing or older than a source it depends on;
+- a failed build is remembered with its reason (the compiler's first error lines), so the next call
+  raises that reason at once instead of compiling again, and :meth:`Extension.available` says it, so
+  ``backend="auto"`` or Int8Linear move on to their fallback. ``remember_failure=False`` (experiments
+  on an edited copy) lets the user fix the source and call again.
+
+cpp_extension is imported on the first build, never at ``import btlib``.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, TypeVar
 
 import torch
 
-__all__ = ["Extension", "build_directory"]
+__all__ = ["Extension", "build_directory", "needs_build", "first_errors"]
+
+T = TypeVar("T")
 
 
 def build_directory(name: str) -> Path:
@@ -29,49 +42,94 @@ def build_directory(name: str) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
-class Extension:
-    """available() / load() once / remember the failure / say why, for one family of builds.
+def needs_build(name: str, depends: Iterable[Path]) -> bool:
+    """True if <cache>/<name>/<name>.so is missing or older than one of ``depends`` (the announcement's test)."""
+    lib = build_directory(name) / f"{name}.so"
+    return not lib.exists() or lib.stat().st_mtime < max((Path(f).stat().st_mtime for f in depends), default=0.0)
 
-    what: the noun of the messages ("CUDA attention kernel"); short: the failure's ("CUDA kernel");
-    fallback: what btlib.attention does after a failed build, the last line of the error;
-    toolchain: None if a build can be attempted here, else why not (cheap: never compiles).
+
+def first_errors(message: str, lines: int = 3) -> str:
+    """The compiler's first ``lines`` error lines (``error:``) of a failed build's message, else its first lines.
+
+    cpp_extension's message is ``Error building extension '<name>': `` + ninja's log: the command
+    lines (``[1/2] c++ ... ``, hundreds of characters), ``FAILED: x.o`` and the compiler's output.
+    """
+    text = [line.strip() for line in message.splitlines() if line.strip()]
+    noise = ("Error building extension", "[", "FAILED:", "ninja:")
+    errors = [line for line in text if "error:" in line.lower() and not line.startswith(noise)]
+    return "\n".join(line[:300] for line in (errors or [t for t in text if not t.startswith(noise)] or text)[:lines])
+
+
+class Extension:
+    """available() / build once / remember the failure with its reason / say so, for one family of builds.
+
+    what: the noun of the messages ("C++ attention kernels"); fallback: what btlib does after a failed
+    build, the last line of the error; toolchain: None if a build can be attempted here, else why not
+    (cheap: never compiles); about_s: the announced compile time on a cold cache.
     """
 
-    def __init__(self, what: str, short: str, fallback: str, toolchain: Callable[[], str | None]) -> None:
-        self.what, self.short, self.fallback, self.toolchain = what, short, fallback, toolchain
-        self.error: str | None = None  # why the last remembered build failed
-        self.info: dict[str, str] = {}  # key -> build_info() of each loaded build
+    def __init__(self, what: str, fallback: str, toolchain: Callable[[], str | None], about_s: int) -> None:
+        self.what, self.fallback, self.toolchain, self.about_s = what, fallback, toolchain, about_s
+        self.failed: dict[str, str] = {}  # library name -> why its build failed (remembered builds)
+        self.built: dict[str, object] = {}  # library name -> what its build returned
+        self.attempts: dict[str, int] = {}  # library name -> compiles started in this process (the tests read it)
+        self._lock = threading.Lock()
 
-    def available(self) -> str | None:
-        if self.error:
-            return self.error
-        if self.info:
+    def available(self, name: str) -> str | None:
+        """None if library ``name`` is built or can be built here; else why not. Never compiles."""
+        if name in self.failed:
+            return self.failed[name]
+        if name in self.built:
             return None
         return self.toolchain()
 
-    def load(self, key: str, name: str, ops: str, announce: Callable[[], str | None], *, remember_failure: bool = True,
-             **kwargs) -> str:
-        """Build or load library ``name`` (once per key); returns ``torch.ops.<ops>.build_info()``.
+    def build(self, name: str, make: Callable[[], T], *, detail: str, depends: Iterable[Path],
+              remember_failure: bool = True) -> T:
+        """make()'s result for library ``name``, built once per process with the rules of this module.
 
-        announce: the line printed to stderr before cpp_extension runs (None: nothing to say, e.g. a warm
-            cache); called only when a build is attempted, so a loaded build costs one dict lookup per call.
-        Raises RuntimeError: why not (unavailable), or the compiler's message (build failed).
+        make: compiles (or loads the cached) library and returns what callers use; it raises with the
+            compiler's output on failure. detail: the announcement's parenthesis (an ISA, a tag).
+        Raises RuntimeError: why not (no toolchain, or the remembered failure, without compiling again),
+            or the compiler's whole message the first time a build fails.
         """
-        if key in self.info:
-            return self.info[key]
-        why = self.available()
-        if why:
-            raise RuntimeError(f"btlib {self.what} unavailable: {why}")
-        from torch.utils import cpp_extension
+        got = self.built.get(name)
+        if got is not None:
+            return got  # type: ignore[return-value]
+        with self._lock:
+            if name in self.built:
+                return self.built[name]  # type: ignore[return-value]
+            why = self.available(name)
+            if why:
+                raise RuntimeError(f"btlib {self.what} unavailable: {why}\n{self.fallback}")
+            if needs_build(name, depends):
+                print(f"btlib: compiling the {self.what} ({detail}) into {build_directory(name)} - once, about "
+                      f"{self.about_s} s ...", file=sys.stderr, flush=True)
+            self.attempts[name] = self.attempts.get(name, 0) + 1
+            try:
+                got = make()
+            except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
+                if remember_failure:
+                    self.failed[name] = f"building the {self.what} ({detail}) failed:\n{first_errors(str(e))}"
+                raise RuntimeError(f"btlib: building the {self.what} ({detail}) failed: {e}\n{self.fallback}") from e
+            self.built[name] = got
+            return got
 
-        line = announce()
-        if line:
-            print(line, file=sys.stderr, flush=True)
-        try:
+    def load(self, name: str, ops: str, *, detail: str, depends: Iterable[Path], remember_failure: bool = True,
+             **kwargs) -> str:
+        """Build or load library ``name``, which registers ``torch.ops.<ops>`` with a ``build_info()`` op; returns it."""
+        def make() -> str:
+            from torch.utils import cpp_extension
+
             cpp_extension.load(name=name, is_python_module=False, verbose=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any build failure becomes one clear error
-            if remember_failure:
-                self.error = f"building the {self.short} failed ({type(e).__name__}); see the first error for the compiler output"
-            raise RuntimeError(f"btlib: building the {self.what} failed: {e}\n{self.fallback}") from e
-        self.info[key] = getattr(torch.ops, ops).build_info()
-        return self.info[key]
+            return getattr(torch.ops, ops).build_info()
+
+        return self.build(name, make, detail=detail, depends=depends, remember_failure=remember_failure)
+
+    def module(self, name: str, *, detail: str, depends: Iterable[Path], **kwargs):
+        """Build or load the pybind11 module ``name`` (its PYBIND11_MODULE functions are attributes); returns it."""
+        def make():
+            from torch.utils import cpp_extension
+
+            return cpp_extension.load(name=name, verbose=False, **kwargs)
+
+        return self.build(name, make, detail=detail, depends=depends)

@@ -6,12 +6,15 @@
     isa() -> str            the build the registered kernels use: $BTLIB_CPU_ISA, else the best this CPU runs
     runnable() -> list      every build this CPU can execute ("portable" first), for the tests
     load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
+    int8_module()           int8.cpp (btlib.quant's fused int8 passes) for isa(); int8_available() like available()
 
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
 (core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
 set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
 so several builds load side by side in one process. Cached in ``$TORCH_EXTENSIONS_DIR/<name>/``
 (the Makefile points it at build/torch_extensions; torch's default is ~/.cache/torch_extensions).
+Every build goes through btlib/kernels/_build.py: built once per process, announced on stderr when it
+compiles, and a failed build remembered with the compiler's first errors (no compile per call after it).
 Two processes building one library at once take turns: cpp_extension holds a file baton (a lock
 file in that folder) while one of them compiles, and the other waits, then loads the result.
 
@@ -42,12 +45,13 @@ import torch
 from .. import _build
 from .._build import Extension
 
-__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory",
-           "library_path"]
+__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "int8_module", "int8_available", "SOURCE", "HEADER",
+           "HEADERS", "INT8_SOURCE", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "attention.cpp"
 HEADER = HERE / "vec.h"
+INT8_SOURCE = HERE / "int8.cpp"  # btlib.quant's quantize / dequantize passes (a pybind11 module)
 HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h")]
 
 _FLAGS = {
@@ -92,21 +96,32 @@ def _compiler() -> str:
     return os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension invokes
 
 
-def _toolchain() -> str | None:
+def _no_compiler() -> str | None:
     if shutil.which(_compiler()) is None:
-        return (f"no C++ compiler: {_compiler()!r} is not on PATH (install g++ or set CXX); "
-                "btlib.attention falls back to PyTorch's kernels")
+        return f"no C++ compiler: {_compiler()!r} is not on PATH (install g++ or set CXX)"
     return None
 
 
-_ext = Extension("C++ attention kernels", "C++ kernels",
+def _toolchain() -> str | None:
+    why = _no_compiler()
+    return why and f"{why}; btlib.attention falls back to PyTorch's kernels"
+
+
+_ext = Extension("C++ attention kernels",
                  "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
-                 "backend='torch_sdpa' or 'reference' choose one explicitly.", _toolchain)
+                 "backend='torch_sdpa' or 'reference' choose one explicitly.", _toolchain, about_s=30)
+_int8 = Extension("int8 helpers", "btlib.quant.Int8Linear runs the same arithmetic as torch ops (slower).",
+                  _no_compiler, about_s=20)
 
 
 def available() -> str | None:
-    """None if the kernels can be built or are built; else the reason (no compiler, failed build). Never compiles."""
-    return _ext.available()
+    """None if the registered build (:func:`isa`) can be built or is built; else why not (no compiler, a bad
+    $BTLIB_CPU_ISA, its failed build with the compiler's first errors). Never compiles."""
+    try:
+        isa_ = isa()
+    except ValueError as e:
+        return str(e)
+    return _ext.available(_name(isa_))
 
 
 def _name(isa_: str | None = None) -> str:
@@ -120,11 +135,6 @@ def build_directory(isa_: str | None = None) -> Path:
 
 def library_path(isa_: str | None = None) -> Path:
     return build_directory(isa_) / f"{_name(isa_)}.so"
-
-
-def _needs_build(isa_: str) -> bool:
-    lib = library_path(isa_)
-    return not lib.exists() or lib.stat().st_mtime < max(f.stat().st_mtime for f in [SOURCE, *HEADERS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,15 +160,13 @@ def load(isa: str | None = None) -> str:
     """Build (first use) or load one build (default :func:`isa`); registers torch.ops.btlib_cpu_<isa>.*.
 
     Returns the build info line. Raises RuntimeError with the compiler's message if the build fails;
-    afterwards :func:`available` reports the failure, so ``backend="auto"`` moves on to PyTorch's kernels.
+    the failure is remembered: a second call raises its first errors without compiling again, and for
+    the registered build :func:`available` reports it, so ``backend="auto"`` moves on to PyTorch's kernels.
     """
     isa_ = _checked_isa(isa)
-    flags = _cflags(isa_, f"btlib_cpu_{isa_}")
-    announce = lambda: (f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ..."  # noqa: E731
-                        if _needs_build(isa_) else None)
-    # Only the registered kernels' build switches backend="auto" to PyTorch's kernels when it fails.
-    return _ext.load(isa_, _name(isa_), f"btlib_cpu_{isa_}", announce, remember_failure=isa_ == globals()["isa"](),
-                     sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
+    return _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[SOURCE, *HEADERS], sources=[str(SOURCE)],
+                     extra_cflags=_cflags(isa_, f"btlib_cpu_{isa_}"), extra_ldflags=list(_thread_flags()),
+                     extra_include_paths=[str(HERE)])
 
 
 _loaded: dict[str, object] = {}  # isa -> torch.ops.btlib_cpu_<isa>, once its library loaded in this process
@@ -194,10 +202,37 @@ def load_copy(folder: str | Path, tag: str, isa: str | None = None):
     if not (folder / SOURCE.name).is_file():
         raise FileNotFoundError(f"{folder} has no {SOURCE.name}: copy the whole folder {HERE.name}/ (shutil.copytree(build.HERE, ...))")
     namespace, name = f"btlib_cpu_{isa_}_{tag}", f"btlib_cpu_attention_{isa_}_{tag}"
-    announce = lambda: f"btlib: compiling the copy in {folder.name}/ ({isa_}, {tag}) - about 30 s ..."  # noqa: E731
-    _ext.load(f"{isa_}_{tag}", name, namespace, announce, remember_failure=False, sources=[str(folder / SOURCE.name)],
-              extra_cflags=_cflags(isa_, namespace), extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
+    # not remembered: a copy that fails to compile is fixed and loaded again under the same tag
+    _ext.load(name, namespace, detail=f"{isa_}, copy {folder.name}/ {tag}", depends=[folder / SOURCE.name, *folder.glob("*.h")],
+              remember_failure=False, sources=[str(folder / SOURCE.name)], extra_cflags=_cflags(isa_, namespace),
+              extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
     return getattr(torch.ops, namespace)
+
+
+def _int8_name(isa_: str) -> str:
+    return f"btlib_int8_{isa_}"
+
+
+def int8_available() -> str | None:
+    """None if int8.cpp (btlib.quant's fused passes) can be built or is built for :func:`isa`; else why not."""
+    try:
+        isa_ = isa()
+    except ValueError as e:
+        return str(e)
+    return _int8.available(_int8_name(isa_))
+
+
+def int8_module():
+    """int8.cpp built for :func:`isa` (once per process, ~20 s on a cold cache): ``quantize_rows``, ``dequantize``.
+
+    Same cache, announcement and ISA flags as the attention kernels, plus -fno-math-errno -fno-trapping-math
+    (the loops vectorise without errno writes). Raises RuntimeError like :func:`load`; a failure is
+    remembered, so :func:`int8_available` reports it and the next call raises without compiling.
+    """
+    isa_ = _checked_isa(None)
+    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *_FLAGS[isa_], *_thread_flags()]
+    return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE],
+                        sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()))
 
 
 def timed_load() -> tuple[str, float]:

@@ -55,14 +55,15 @@ def _toolchain() -> str | None:
     return None
 
 
-_ext = Extension("CUDA attention kernel", "CUDA kernel",
+_ext = Extension("CUDA attention kernel",
                  "btlib.attention(backend='auto') now uses the other kernels; backend='triton_flash' or 'torch_sdpa' choose one.",
-                 _toolchain)
+                 _toolchain, about_s=60)
 
 
 def available() -> str | None:
-    """None if the CUDA kernel can be built or is built here; else the reason. Cheap: never compiles."""
-    return _ext.available()
+    """None if the CUDA kernel can be built or is built here; else the reason (its failed build's first errors
+    included). Cheap: never compiles."""
+    return _ext.available(NAME)
 
 
 def build_directory() -> Path:
@@ -73,13 +74,13 @@ def build_directory() -> Path:
 def load() -> str:
     """Build (first use) or load the CUDA kernel; registers torch.ops.btlib_cuda.*. Returns the build info line.
 
-    Raises RuntimeError with the compiler's message if the build fails; afterwards
-    :func:`available` reports the failure, so ``backend="auto"`` moves on to the next kernel.
+    Raises RuntimeError with the compiler's message if the build fails; the failure is remembered:
+    :func:`available` reports it (``backend="auto"`` moves on to the next kernel) and a second call
+    raises it without compiling again.
     """
-    announce = lambda: (f"btlib: building the CUDA attention kernel into {build_directory()} "  # noqa: E731
-                        "(first use: about a minute; later: milliseconds) ...")
-    return _ext.load("cuda", NAME, "btlib_cuda", announce, sources=[str(s) for s in SOURCES], extra_include_paths=[str(HERE)],
-                     extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"])
+    return _ext.load(NAME, "btlib_cuda", detail="for this GPU", depends=[*SOURCES, *HEADERS],
+                     sources=[str(s) for s in SOURCES], extra_include_paths=[str(HERE)], extra_cflags=["-O3"],
+                     extra_cuda_cflags=["-O3", "-lineinfo"])
 
 
 def nvcc_compile(archs: tuple[int, ...] = (75, 80, 90), out: str | Path | None = None, *, verbose: bool = False) -> tuple[str, float]:

@@ -15,7 +15,6 @@ The library (~2 s to build) is cached in ``$TORCH_EXTENSIONS_DIR/btlib_cuda_emul
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import os
 import shutil
@@ -26,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ...checks import window_reach
-from .._build import build_directory
+from .._build import Extension, build_directory, needs_build
 from ..gpu_limits import LOG2E
 
 __all__ = ["available", "load", "emulated_attention", "emulated_varlen_attention", "cuda_include_dir"]
@@ -59,8 +58,7 @@ def _compiler() -> str:
     return os.environ.get("CXX", "g++")
 
 
-def available() -> str | None:
-    """None if the emulator can be built here, else why not. Never compiles."""
+def _toolchain() -> str | None:
     if shutil.which(_compiler()) is None:
         return f"no C++ compiler: {_compiler()!r} is not on PATH"
     if cuda_include_dir() is None:
@@ -68,22 +66,32 @@ def available() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def load() -> ctypes.CDLL:
-    """Build (once, ~2 s) or load the emulator library."""
-    why = available()
-    if why:
-        raise RuntimeError(f"btlib CUDA kernel emulator unavailable: {why}")
-    out = build_directory("btlib_cuda_emulator") / "btlib_cuda_emulator.so"
-    if not out.exists() or out.stat().st_mtime < max(s.stat().st_mtime for s in SOURCES):
+NAME = "btlib_cuda_emulator"
+_ext = Extension("CUDA kernel emulator", "the emulated rows skip; a CUDA GPU runs the kernel itself.", _toolchain, about_s=2)
+
+
+def available() -> str | None:
+    """None if the emulator can be built here (or is built), else why not (its failed build's first errors included).
+    Never compiles."""
+    return _ext.available(NAME)
+
+
+def _make() -> ctypes.CDLL:
+    out = build_directory(NAME) / f"{NAME}.so"
+    if needs_build(NAME, SOURCES):
         cmd = [_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{cuda_include_dir()}",
                str(HERE / "emulate.cpp"), "-o", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"btlib: building the CUDA kernel emulator failed:\n{' '.join(cmd)}\n{done.stderr}")
+            raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr}")
     lib = ctypes.CDLL(str(out))
     lib.btlib_emulate_flash_forward.restype = ctypes.c_int
     return lib
+
+
+def load() -> ctypes.CDLL:
+    """Build (once, ~2 s) or load the emulator library; a failed build is remembered (no compile per call after it)."""
+    return _ext.build(NAME, _make, detail="g++, no GPU", depends=SOURCES)
 
 
 def _run(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, causal, scale, window) -> Tensor:
