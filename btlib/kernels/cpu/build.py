@@ -7,6 +7,9 @@
     runnable() -> list      every build this CPU can execute ("portable" first), for the tests
     load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
 
+Every load registers the ops' fake kernels (fake.py), so torch.compile traces them and
+torch.library.opcheck passes on each.
+
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
 (core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
 set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
@@ -41,6 +44,7 @@ import torch
 
 from .. import _build
 from .._build import Extension
+from . import fake
 
 __all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "SOURCE", "HEADER", "HEADERS", "build_directory",
            "library_path"]
@@ -86,6 +90,9 @@ def isa() -> str:
             raise ValueError(f"BTLIB_CPU_ISA must be one of {', '.join(_FLAGS)}; got {forced!r}")
         return forced
     return runnable()[-1]
+
+
+_default_isa = isa  # for the functions whose ``isa`` argument hides isa() (dynamo cannot trace globals())
 
 
 def _compiler() -> str:
@@ -157,11 +164,13 @@ def load(isa: str | None = None) -> str:
     announce = lambda: (f"btlib: compiling C++ attention kernels ({isa_}) into {build_directory(isa_)} - once, about 30 s ..."  # noqa: E731
                         if _needs_build(isa_) else None)
     # Only the registered kernels' build switches backend="auto" to PyTorch's kernels when it fails.
-    return _ext.load(isa_, _name(isa_), f"btlib_cpu_{isa_}", announce, remember_failure=isa_ == globals()["isa"](),
+    info = _ext.load(isa_, _name(isa_), f"btlib_cpu_{isa_}", announce, remember_failure=isa_ == _default_isa(),
                      sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
+    fake.register(f"btlib_cpu_{isa_}")  # fake kernels for torch.compile / opcheck (once per namespace)
+    return info
 
 
-_loaded: dict[str, object] = {}  # isa -> torch.ops.btlib_cpu_<isa>, once its library loaded in this process
+_loaded: dict[str | None, object] = {}  # isa (None: isa()'s) -> torch.ops.btlib_cpu_<isa>, once loaded in this process
 
 
 def ops(isa: str | None = None):
@@ -169,12 +178,20 @@ def ops(isa: str | None = None):
 
     Asked once per attention call: after the first load it is one dict lookup (the load path cost ~20 us a
     call with the caches cold after a layer's GEMMs, ~0.1 ms of a short query's forward)."""
-    isa_ = isa or globals()["isa"]()
-    got = _loaded.get(isa_)
+    got = _loaded.get(isa)  # isa None (the default build) is a key too: no isa() call on the hot path
     if got is None:
-        load(isa_)
-        got = _loaded[isa_] = getattr(torch.ops, f"btlib_cpu_{isa_}")
+        got = _loaded[isa] = getattr(torch.ops, _loaded_namespace(isa))
     return got
+
+
+# Under torch.compile this runs (builds or loads the library) once while dynamo traces: file locks, the compiler
+# and /proc/cpuinfo have no place in a graph, and the namespace it returns is a constant of it.
+@torch.compiler.assume_constant_result
+def _loaded_namespace(isa: str | None) -> str:
+    """Load one build (default :func:`isa`) and return its op namespace, "btlib_cpu_<isa>"."""
+    isa_ = isa or _default_isa()
+    load(isa_)
+    return f"btlib_cpu_{isa_}"
 
 
 def load_copy(folder: str | Path, tag: str, isa: str | None = None):
@@ -197,6 +214,7 @@ def load_copy(folder: str | Path, tag: str, isa: str | None = None):
     announce = lambda: f"btlib: compiling the copy in {folder.name}/ ({isa_}, {tag}) - about 30 s ..."  # noqa: E731
     _ext.load(f"{isa_}_{tag}", name, namespace, announce, remember_failure=False, sources=[str(folder / SOURCE.name)],
               extra_cflags=_cflags(isa_, namespace), extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
+    fake.register(namespace)  # the copy's ops have the same signatures, so the same fake kernels
     return getattr(torch.ops, namespace)
 
 
