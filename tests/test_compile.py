@@ -76,6 +76,13 @@ def test_opcheck_padded(ops, op, B, T, S, lengths, dtype, causal, window):
     torch.library.opcheck(getattr(ops, op), (q, k, v, L, causal, 0.25, *window))
 
 
+def test_opcheck_build_info(ops):
+    # no tensor in or out, so no fake kernel: its catch-all runs under a FakeTensorMode as it does eagerly.
+    # opcheck's AOT test compares outputs with torch.testing, which compares tensors and numbers, not strings
+    torch.library.opcheck(ops.build_info, (), test_utils=("test_schema", "test_faketensor"))
+    assert f"ops=btlib_cpu_{build.isa()}" in ops.build_info()
+
+
 def test_every_op_has_a_fake_kernel(ops):
     for name in OPS:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(getattr(ops, name).default.name(), "Meta"), name
@@ -90,7 +97,8 @@ def test_fake_kernel_checks_what_needs_no_data(ops):
     with FakeTensorMode():
         q = torch.randn(5, 2, 8)
         with pytest.raises(RuntimeError, match="head_dim must be contiguous"):
-            ops.varlen_v3(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), torch.zeros(2, dtype=torch.int32), 5, False, 1.0)
+            qt = q.transpose(1, 2)
+            ops.varlen_v3(qt, qt, qt, torch.zeros(2, dtype=torch.int32), 5, False, 1.0)
         with pytest.raises(RuntimeError, match="int32"):
             ops.varlen_v3(q, q, q, torch.zeros(2, dtype=torch.int64), 5, False, 1.0)
         with pytest.raises(RuntimeError, match="dtype must be float32;"):

@@ -202,5 +202,6 @@ BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {
 // cost about what a boxed Autograd kernel measured here (+0.1-0.35 us a call under no_grad, 1 thread, Xeon) and
 // hand back outputs whose backward only warns and returns nothing.
 BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, Autograd, m) {
-  for (const char* op : {"attention_v1", "attention_v2", "attention_v3", "varlen_v3"}) m.impl(op, torch::CppFunction::makeFallthrough());
+  for (const char* op : {"attention_v1", "attention_v2", "attention_v3", "varlen_v3"})
+    m.impl(op, torch::CppFunction::makeFallthrough());
 }

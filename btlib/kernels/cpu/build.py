@@ -165,7 +165,8 @@ def load(isa: str | None = None) -> str:
                         if _needs_build(isa_) else None)
     # Only the registered kernels' build switches backend="auto" to PyTorch's kernels when it fails.
     info = _ext.load(isa_, _name(isa_), f"btlib_cpu_{isa_}", announce, remember_failure=isa_ == _default_isa(),
-                     sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
+                     sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()),
+                     extra_include_paths=[str(HERE)])
     fake.register(f"btlib_cpu_{isa_}")  # fake kernels for torch.compile / opcheck (once per namespace)
     return info
 

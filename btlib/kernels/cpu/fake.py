@@ -43,7 +43,8 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, rank: int, allow_bf16: bool) -> 
         torch._check(x.numel() == 0 or x.stride(-1) == 1,
                      lambda: "btlib CPU attention: head_dim must be contiguous (stride 1); call .contiguous()")
     torch._check(q.dtype == k.dtype == v.dtype, lambda: "btlib CPU attention: q, k, v must share one dtype")
-    torch._check(k.shape == v.shape, lambda: f"btlib CPU attention: k and v must have one shape; got {list(k.shape)} and {list(v.shape)}")
+    torch._check(k.shape == v.shape,
+                 lambda: f"btlib CPU attention: k and v must have one shape; got {list(k.shape)} and {list(v.shape)}")
     D = q.shape[-1]
     torch._check(1 <= D <= MAX_HEAD_DIM, lambda: f"btlib CPU attention: head_dim must be in [1, {MAX_HEAD_DIM}]; got {D}")
     torch._check(k.shape[-1] == D, lambda: f"btlib CPU attention: q and k must have one head_dim; got {D} and {k.shape[-1]}")
