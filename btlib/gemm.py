@@ -28,6 +28,12 @@ Every private torch op btlib uses for GEMMs is called in this module and nowhere
 whose op is missing, refuses the input (oneDNN bf16 needs AVX-512 or AVX-NE-CONVERT) or raises
 falls back to F.linear, and stays off for that dtype in this process. Autograd and non-CPU
 tensors always take F.linear (the oneDNN ops have no derivative here).
+
+torch.compile: :func:`linear` and :func:`module_linear` trace (fullgraph=True) when no ``path=`` is given:
+under dynamo they take the torch path's aten ops (addmm, _addmm_activation, linear), which inductor
+lowers and fuses itself; the path choice, :func:`planned`, :func:`forcing` and :func:`pack` (contextvars,
+os.environ, an id/weakref cache) are eager-only. An explicit ``path="onednn"`` does not trace. The int8
+helpers here are eager-only too.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.compiler import is_compiling as _is_compiling  # dynamo reads it as True while tracing
 
 __all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
            "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
@@ -194,6 +201,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
         M = x.shape[:-1].numel()
         chosen = path
         if chosen is None:
+            if _is_compiling():
+                # torch.compile: dynamo cannot trace the choice (contextvars, os.environ, the measured plan) nor
+                # pack(): its id/weakref cache. The graph gets aten addmm / _addmm_activation / linear instead,
+                # which inductor lowers itself (fusing the bias, activation and residual into the GEMM's epilogue;
+                # with torch._inductor.config.freezing it also pre-packs W for oneDNN, as the onednn path does)
+                return _torch(x, weight, bias, activation, residual, grad)
             ahead = _planned.get()
             chosen = ahead[2] if ahead is not None and ahead[0] is x.dtype and ahead[1] == M else choose(x.dtype, M)
         if chosen == "onednn" and _has_onednn() and ("onednn", x.dtype) not in _broken:  # path_available, inlined

@@ -25,6 +25,15 @@ Checks and kernel choice happen once per call, at the entry point (``forward`` c
 below that the layers call the kernel with trusted arguments. On CUDA every scalar read of a check
 is a host sync, so per-layer checks would cost 12 syncs (and 12 registry look-ups) per forward.
 
+torch.compile: ``forward_packed`` traces whole (fullgraph=True), fp32 and bf16, with the C++ varlen kernel
+in the graph as ``torch.ops.btlib_cpu_<isa>.varlen_v3`` (fake kernels: btlib/kernels/cpu/fake.py) and the
+GEMMs as aten ops that inductor fuses (btlib.gemm). While dynamo traces, the kernel choice and the build's
+load run once, outside the graph, and the graph checks cu_seqlens' layout only: its values (start 0,
+non-decreasing, ending at total, none above max_seqlen) are checked by the C++ kernel when the graph runs
+(the other varlen kernels read cu_seqlens in Python and do not trace). ``forward`` (padded input) does not
+trace in one graph: packing reads the lengths, so the shapes depend on data. The int8 twin
+(btlib.quant) does not trace either. tests/test_compile.py checks what traces against eager.
+
 Precision: the module's own dtype by default; ``precision="auto"`` takes bf16 only where this
 CPU runs it natively and measured faster (btlib.device.choose_precision); an explicit bf16
 (``precision="bf16"`` or ``dtype=torch.bfloat16``) runs, and warns once where bf16 is slow.
@@ -41,7 +50,7 @@ from torch import Tensor, nn
 from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
-from .padding import _pack, _unpack, check_cu_seqlens, check_lengths, padding_mask_to_lengths
+from .padding import _pack, _unpack, check_cu_seqlens, check_cu_seqlens_layout, check_lengths, padding_mask_to_lengths
 
 __all__ = ["PackedEncoder"]
 
@@ -94,6 +103,16 @@ def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
         if m.training and p > 0:
             return f"{name}={p}" if isinstance(m, nn.MultiheadAttention) else f"{name} (p={p})"
     return None
+
+
+# Under torch.compile this runs once while dynamo traces (the registry's checks read the toolchain, a lock and
+# os.environ, which dynamo cannot trace) and its answer is a constant of the graph. A name, not the Kernel: dynamo
+# follows attributes of an object it reached through registry.get, not of one a constant function returned.
+@torch.compiler.assume_constant_result
+def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str) -> str:
+    """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select)."""
+    return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), False, backend,
+                           needs_grad=needs_grad).name
 
 
 class PackedEncoder(nn.Module):
@@ -191,7 +210,12 @@ class PackedEncoder(nn.Module):
         """
         if cu_seqlens.device != x.device:
             raise ValueError(f"cu_seqlens must be on x's device ({x.device}); got {cu_seqlens.device}")
-        check_cu_seqlens(cu_seqlens, total=x.shape[0], max_seqlen=max_seqlen)
+        if torch.compiler.is_compiling():
+            # the value checks read cu_seqlens (data-dependent: no graph); the C++ varlen kernel repeats them
+            # when the graph runs, and raises with the same facts
+            check_cu_seqlens_layout(cu_seqlens)
+        else:
+            check_cu_seqlens(cu_seqlens, total=x.shape[0], max_seqlen=max_seqlen)
         return self._layers(x, cu_seqlens, int(max_seqlen))
 
     def _layers(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
@@ -200,8 +224,11 @@ class PackedEncoder(nn.Module):
             raise RuntimeError(f"PackedEncoder applies no dropout, but {active} is in training mode: call .eval() "
                                "for inference, or train with the PyTorch module itself")
         kernel = self._kernel(x)
-        with gemm.planned(x.dtype, x.shape[0]):  # every linear here has M = total tokens: one GEMM path for all
+        if torch.compiler.is_compiling():  # no contextvars in a graph: gemm.linear takes its traceable branch
             x = self._each_layer(x, cu_seqlens, max_seqlen, kernel)
+        else:
+            with gemm.planned(x.dtype, x.shape[0]):  # every linear here has M = total tokens: one GEMM path for all
+                x = self._each_layer(x, cu_seqlens, max_seqlen, kernel)
         return self.norm(x) if self.norm is not None else x
 
     def _each_layer(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel) -> Tensor:
@@ -222,8 +249,8 @@ class PackedEncoder(nn.Module):
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         key = (x.dtype, x.device, needs_grad, self.attention_backend)
         if key not in self._kernels:  # ~80 us a selection: once per dtype, not per forward (one query's budget is ~2 ms)
-            self._kernels[key] = registry.select("varlen", x.new_empty(0, a.num_heads, head_dim), False,
-                                                 self.attention_backend, needs_grad=needs_grad)
+            self._kernels[key] = registry.get(_select_varlen(x.dtype, x.device, a.num_heads, head_dim, needs_grad,
+                                                             self.attention_backend))
         return self._kernels[key]
 
     @staticmethod

@@ -101,9 +101,9 @@ def check_lengths(lengths: Tensor, T: int | None = None, B: int | None = None) -
         )
 
 
-def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None, max_seqlen: int | None = None) -> None:
-    """Raise an error that says what to fix if ``cu_seqlens`` is not (B + 1,) int32, 0-based, non-decreasing,
-    ending at ``total`` tokens, with no sequence longer than ``max_seqlen``. Scalar reads: on CUDA each syncs."""
+def check_cu_seqlens_layout(cu_seqlens: Tensor) -> None:
+    """The part of :func:`check_cu_seqlens` that reads no value, (B + 1,) int32 with B + 1 >= 1: what
+    torch.compile traces (a value read has no place in a graph)."""
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets, e.g. [0, 2, 6, 9] for lengths [2, 4, 3]")
     if cu_seqlens.dtype != torch.int32:
@@ -111,6 +111,12 @@ def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None, max_seqlen: i
             f"cu_seqlens must be int32 (what every varlen kernel reads); got {cu_seqlens.dtype}. "
             "Use btlib.lengths_to_cu_seqlens(lengths) or cu_seqlens.to(torch.int32)."
         )
+
+
+def check_cu_seqlens(cu_seqlens: Tensor, total: int | None = None, max_seqlen: int | None = None) -> None:
+    """Raise an error that says what to fix if ``cu_seqlens`` is not (B + 1,) int32, 0-based, non-decreasing,
+    ending at ``total`` tokens, with no sequence longer than ``max_seqlen``. Scalar reads: on CUDA each syncs."""
+    check_cu_seqlens_layout(cu_seqlens)
     if int(cu_seqlens[0]) != 0:
         raise ValueError(f"cu_seqlens must start at 0; got {int(cu_seqlens[0])}")
     if cu_seqlens.numel() > 1 and bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):

@@ -30,6 +30,11 @@ and this module's Int8Linear around it (per-token scales, fused passes of kernel
 or 938 with plain torch ops; torchao 0.18's Int8DynamicActivationInt8Weight in eager mode 236 (it
 wants torch.compile). :func:`int8_gemm_gflops` measures this machine; :func:`int8_slow_reason` says
 where int8 does not pay.
+
+torch.compile: not traceable in one graph (fullgraph=True raises). quantize_rows and dequantize
+(kernels/cpu/int8.cpp) are pybind functions, not torch ops, so dynamo cannot see into them, and the int8
+build's loader reads /proc/cpuinfo on the call path (the first graph break, on torch 2.13). The fp32 and bf16
+PackedEncoder trace (btlib/kernels/cpu/fake.py).
 """
 
 from __future__ import annotations

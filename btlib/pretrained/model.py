@@ -11,6 +11,10 @@ and nested tensors apply to it as they did with Optimum's BetterTransformer; ``p
 (the default) never pads at all: token ids are packed straight from the tokenizer, embedded,
 run through btlib.PackedEncoder and pooled per sequence with segment sums by ``model.head``, the
 folder's sentence-transformers modules (btlib.pretrained.st_modules: Pooling, Dense, Normalize).
+
+torch.compile: ``model.packed_encoder(dtype).forward_packed``, the encoder part of the packed path,
+traces whole (fullgraph=True) with btlib's C++ attention kernel inside (tests/test_compile.py);
+``encode`` itself does not (tokenizer, Python lists of ids, one forward per batch of texts).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@
     load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
     int8_module()           int8.cpp (btlib.quant's fused int8 passes) for isa(); int8_available() like available()
 
+Every load registers the ops' fake kernels (fake.py), so torch.compile traces them and
+torch.library.opcheck passes on each.
+
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
 (core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
 set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
@@ -44,6 +47,7 @@ import torch
 
 from .. import _build
 from .._build import Extension
+from . import fake
 
 __all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "int8_module", "int8_available", "SOURCE", "HEADER",
            "HEADERS", "INT8_SOURCE", "build_directory", "library_path"]
@@ -90,6 +94,9 @@ def isa() -> str:
             raise ValueError(f"BTLIB_CPU_ISA must be one of {', '.join(_FLAGS)}; got {forced!r}")
         return forced
     return runnable()[-1]
+
+
+_default_isa = isa  # for the functions whose ``isa`` argument hides isa() (dynamo cannot trace globals())
 
 
 def _compiler() -> str:
@@ -164,12 +171,14 @@ def load(isa: str | None = None) -> str:
     the registered build :func:`available` reports it, so ``backend="auto"`` moves on to PyTorch's kernels.
     """
     isa_ = _checked_isa(isa)
-    return _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[SOURCE, *HEADERS], sources=[str(SOURCE)],
+    info = _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[SOURCE, *HEADERS], sources=[str(SOURCE)],
                      extra_cflags=_cflags(isa_, f"btlib_cpu_{isa_}"), extra_ldflags=list(_thread_flags()),
                      extra_include_paths=[str(HERE)])
+    fake.register(f"btlib_cpu_{isa_}")  # fake kernels for torch.compile / opcheck (once per namespace)
+    return info
 
 
-_loaded: dict[str, object] = {}  # isa -> torch.ops.btlib_cpu_<isa>, once its library loaded in this process
+_loaded: dict[str | None, object] = {}  # isa (None: isa()'s) -> torch.ops.btlib_cpu_<isa>, once loaded in this process
 
 
 def ops(isa: str | None = None):
@@ -177,12 +186,20 @@ def ops(isa: str | None = None):
 
     Asked once per attention call: after the first load it is one dict lookup (the load path cost ~20 us a
     call with the caches cold after a layer's GEMMs, ~0.1 ms of a short query's forward)."""
-    isa_ = isa or globals()["isa"]()
-    got = _loaded.get(isa_)
+    got = _loaded.get(isa)  # isa None (the default build) is a key too: no isa() call on the hot path
     if got is None:
-        load(isa_)
-        got = _loaded[isa_] = getattr(torch.ops, f"btlib_cpu_{isa_}")
+        got = _loaded[isa] = getattr(torch.ops, _loaded_namespace(isa))
     return got
+
+
+# Under torch.compile this runs (builds or loads the library) once while dynamo traces: file locks, the compiler
+# and /proc/cpuinfo have no place in a graph, and the namespace it returns is a constant of it.
+@torch.compiler.assume_constant_result
+def _loaded_namespace(isa: str | None) -> str:
+    """Load one build (default :func:`isa`) and return its op namespace, "btlib_cpu_<isa>"."""
+    isa_ = isa or _default_isa()
+    load(isa_)
+    return f"btlib_cpu_{isa_}"
 
 
 def load_copy(folder: str | Path, tag: str, isa: str | None = None):
@@ -206,6 +223,7 @@ def load_copy(folder: str | Path, tag: str, isa: str | None = None):
     _ext.load(name, namespace, detail=f"{isa_}, copy {folder.name}/ {tag}", depends=[folder / SOURCE.name, *folder.glob("*.h")],
               remember_failure=False, sources=[str(folder / SOURCE.name)], extra_cflags=_cflags(isa_, namespace),
               extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
+    fake.register(namespace)  # the copy's ops have the same signatures, so the same fake kernels
     return getattr(torch.ops, namespace)
 
 

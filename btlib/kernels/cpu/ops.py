@@ -16,6 +16,9 @@ visit only the key tiles that meet each query block's band (v1/v2, the teaching 
 Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen. bf16 sums in fp32: on a CPU with
 AVX512_BF16 both products run on vdpbf16ps (P is rounded to bf16 for P V, as PyTorch does);
 elsewhere bf16 is converted to fp32 while packing. The output is rounded to bf16 once.
+
+torch.compile: every op has a fake kernel (fake.py), so these wrappers trace with fullgraph=True and the
+op lands in the graph; the build's load and the bf16 warning run once while dynamo traces, not in the graph.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def _scale(q: Tensor, scale: float | None) -> float:
 _bf16_fine: tuple | None = None  # (build, BTLIB_ASSUME_NO_BF16) for which a bf16 call found nothing to warn about
 
 
+# Under torch.compile both helpers run once while dynamo traces (they read os.environ and /proc/cpuinfo, which
+# dynamo cannot trace) and their results are constants of the graph: the warning comes at compile time.
+@torch.compiler.assume_constant_result
 def _bf16_state() -> tuple:
     return build.isa(), os.environ.get("BTLIB_ASSUME_NO_BF16", "")
 
@@ -53,9 +59,14 @@ def _check_bf16(q: Tensor) -> None:
     Silent if btlib already warned about bf16 in this process (PackedEncoder and encode() warn about
     the slower matmuls, which matter more than this).
     """
-    global _bf16_fine
     if q.dtype != torch.bfloat16 or _bf16_fine == _bf16_state():  # the hot paths pay one comparison
         return
+    _bf16_verdict()
+
+
+@torch.compiler.assume_constant_result
+def _bf16_verdict() -> None:
+    global _bf16_fine
     from ... import device
 
     if device._warned:
@@ -73,7 +84,7 @@ def _check_bf16(q: Tensor) -> None:
     warnings.warn(device.SlowPrecisionWarning(
         f"btlib's C++ attention in bf16 on the {isa} build: {reason}, so bf16 inputs are converted to fp32 "
         "while packing and run at the fp32 rate plus the conversion, no faster than fp32. It runs as asked; "
-        "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=3)
+        "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=4)
 
 
 def attention_v1(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
