@@ -112,6 +112,28 @@ def test_window_and_global_layers_matter(folder):
     assert _rel(model(*model.pack(seqs)), ref) > 1e-2
 
 
+def test_a_forward_checks_its_inputs_once_and_selects_one_kernel(folder, monkeypatch):
+    """Prepared once per forward, not per layer: one cu_seqlens check, one kernel selection on the first forward
+    (none after), and no layer goes through the public varlen_attention's checks."""
+    import btlib.pretrained.modernbert_layers as layers
+    import btlib.pretrained.modernbert_model as mm
+    from btlib.kernels import registry
+
+    model = load_pretrained(folder[0])
+    seqs = _seqs([97, 1, 40])
+    ref = model(*model.pack(seqs))  # the public path once more below, counted
+    model.__dict__.pop("_kernels", None)
+    calls = {"check": 0, "select": 0}
+    check, select = mm.check_cu_seqlens, registry.select
+    monkeypatch.setattr(mm, "check_cu_seqlens", lambda *a, **k: (calls.__setitem__("check", calls["check"] + 1), check(*a, **k))[1])
+    monkeypatch.setattr(registry, "select", lambda *a, **k: (calls.__setitem__("select", calls["select"] + 1), select(*a, **k))[1])
+    monkeypatch.setattr(layers, "varlen_attention", lambda *a, **k: pytest.fail("a layer re-checked and re-selected"))
+    for forward in range(2):
+        out = model(*model.pack(seqs))
+        assert calls == {"check": forward + 1, "select": 1} and torch.equal(out, ref)
+    assert len(model.layers) == 5  # five layers, mixed global and local, on one kernel
+
+
 @pytest.mark.parametrize("overrides", [dict(norm_bias=True, attention_bias=True, mlp_bias=True,
                                             hidden_activation="gelu_pytorch_tanh"),
                                        dict(hidden_activation="silu", global_attn_every_n_layers=2, local_attention=9)],

@@ -140,3 +140,23 @@ def test_one_check_and_one_kernel_selection_per_forward(monkeypatch):
         calls.update(check=0, select=0)
         assert torch.equal(packed.forward_packed(tokens, cu_seqlens, max_seqlen), out[real])
         assert calls == {"check": 1, "select": 0}  # the kernel was selected once for this encoder and dtype
+
+
+def test_a_packed_forward_checks_once_and_selects_its_kernel_once(monkeypatch):
+    """One cu_seqlens check per forward and one kernel selection per (dtype, device, grad), whatever the depth."""
+    import btlib.packed_encoder as pe
+    from btlib.kernels import registry
+
+    layer = nn.TransformerEncoderLayer(48, 4, 80, dropout=0.0, batch_first=True)
+    packed = btlib.PackedEncoder.from_module(nn.TransformerEncoder(layer, 5, enable_nested_tensor=False).eval())
+    lengths = torch.tensor([97, 1, 40])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).int()])
+    x = torch.randn(int(lengths.sum()), 48)
+    calls = {"check": 0, "select": 0}
+    check, select = pe.check_cu_seqlens, registry.select
+    monkeypatch.setattr(pe, "check_cu_seqlens", lambda *a, **k: (calls.__setitem__("check", calls["check"] + 1), check(*a, **k))[1])
+    monkeypatch.setattr(registry, "select", lambda *a, **k: (calls.__setitem__("select", calls["select"] + 1), select(*a, **k))[1])
+    with torch.inference_mode():
+        first = packed.forward_packed(x, cu, 97)
+        second = packed.forward_packed(x, cu, 97)
+    assert calls == {"check": 2, "select": 1} and torch.equal(first, second)

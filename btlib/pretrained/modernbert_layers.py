@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .. import gemm
 from ..attention import varlen_attention
+from ..kernels.registry import Kernel, window_kwargs
 from .modernbert_config import ModernBertSpec
 
 __all__ = ["ModernBertLayer", "ModernBertEmbeddings", "rope_tables", "apply_rope", "activation"]
@@ -121,14 +122,21 @@ class ModernBertLayer(nn.Module):
         self.window = spec.window(index)
         self.act = activation(spec.activation)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
-        """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int,
+                kernel: Kernel | None = None) -> Tensor:
+        """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d).
+
+        kernel: the varlen kernel the model selected once for the whole forward, its inputs checked there (None:
+        this layer alone, through btlib.varlen_attention's checks and selection)."""
         total, d = x.shape
         qkv = gemm.module_linear(self.attn.Wqkv, self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
         # q and k rotate in one pass; v stays a strided view (the kernels take any head_dim-contiguous strides)
         q, k = apply_rope(qkv[:, :2], *rope).unbind(1)  # (total, H, Dh) each
         v = qkv[:, 2]
-        o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
+        if kernel is None:
+            o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, window=self.window)  # (total, H, Dh)
+        else:
+            o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None, **window_kwargs(kernel, self.window))
         x = _residual(x, o.reshape(total, d), self.attn.Wo)
         u, g = gemm.module_linear(self.mlp.Wi, self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
         return _residual(x, self.act(u) * g, self.mlp.Wo)

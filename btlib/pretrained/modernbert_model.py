@@ -36,6 +36,8 @@ from torch import Tensor, nn
 
 from .. import gemm
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
+from ..kernels import registry
+from ..kernels.registry import Kernel
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
 from .model import Pooling, Prompts, check_encode_args, packed_positions
 from .st_modules import HasHead
@@ -168,10 +170,24 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
                   for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
         stack = self._stack(dtype)
         x = self.embeddings(ids).to(dtype)  # (total, d)
+        kernel = self._kernel(stack, x)  # one attention kernel for every layer (inputs checked once, in forward)
         with gemm.planned(dtype, x.shape[0]):  # every linear of the stack has M = total tokens: one GEMM path for all
             for i, layer in enumerate(stack.layers):
-                x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen)
+                x = layer(x, tables[self.spec.rope_theta(i)], cu_seqlens, max_seqlen, kernel)
         return stack.final_norm(x).float()
+
+    def _kernel(self, stack: nn.Module, x: Tensor) -> Kernel:
+        """The varlen kernel for every layer's (total, H, Dh) q, k, v in x's dtype and device: one that takes the
+        local layers' window where there are any (it runs the global layers with no window). Selected once per
+        (dtype, device, grad) and kept, as PackedEncoder does, not once per layer per forward."""
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in stack.parameters()))
+        key = (x.dtype, x.device, needs_grad)
+        cache = self.__dict__.setdefault("_kernels", {})
+        if key not in cache:
+            window = next((layer.window for layer in stack.layers if layer.window is not None), None)
+            cache[key] = registry.select("varlen", x.new_empty(0, self.spec.nhead, self.spec.head_dim), False,
+                                         needs_grad=needs_grad, window=window)
+        return cache[key]
 
     # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
     def encode(self, texts: Sequence[str] | Sequence[Sequence[int]], *, batch_size: int = 64, path: str = "packed",
