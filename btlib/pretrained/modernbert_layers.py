@@ -122,7 +122,8 @@ class ModernBertLayer(nn.Module):
         self.act = activation(spec.activation)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
-        """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d)."""
+        """x (total, d); rope: cos, sin (total, Dh / 2) float32 from rope_tables, for this layer's base;
+        cu_seqlens (B + 1,) int32 -> (total, d)."""
         total, d = x.shape
         qkv = gemm.module_linear(self.attn.Wqkv, self.attn_norm(x)).view(total, 3, self.nhead, d // self.nhead)  # (total, 3, H, Dh)
         # q and k rotate in one pass; v stays a strided view (the kernels take any head_dim-contiguous strides)
