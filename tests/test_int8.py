@@ -1,4 +1,8 @@
-"""btlib.quant: int8 linear layers, the int8 PackedEncoder, encode(precision="int8") and its accuracy target."""
+"""btlib.quant: int8 linear layers, the int8 PackedEncoder, encode(precision="int8") and its accuracy target.
+
+Also the tests of btlib.smoothquant: calibrate (maxima against x.abs().amax, every linear, four threads at once)
+and quantize_auto (which runs sensitivity) against the single-thread answer.
+"""
 
 import threading
 import warnings

@@ -1,4 +1,8 @@
-"""btlib.explain_sdpa against what SDPA actually runs, the GPT block's two attentions, and the sdpa benchmarks."""
+"""btlib.explain_sdpa against what SDPA actually runs, the GPT block's two attentions, and the sdpa benchmarks.
+
+Also the tests of btlib.sdpa.forced: run_forced (with sdpa_ops, catch_messages, clean_messages) is the forced run
+every explainer verdict is compared with, dense and jagged, on every backend.
+"""
 
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ class ModernBertLayer(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cu_seqlens: Tensor, max_seqlen: int,
                 kernel: Kernel | None = None) -> Tensor:
-        """x (total, d); rope: cos, sin (total, Dh) float32 for this layer's base; cu_seqlens (B + 1,) int32 -> (total, d).
+        """x (total, d); rope: cos, sin (total, Dh / 2) float32 from rope_tables, for this layer's base;
+        cu_seqlens (B + 1,) int32 -> (total, d).
 
         kernel: the varlen kernel the model selected once for the whole forward, its inputs checked there (None:
         this layer alone, through btlib.varlen_attention's checks and selection)."""

@@ -1,6 +1,6 @@
 """The outside reference for pretrained encoders: Hugging Face transformers' own model.
 
-transformers is a test-and-benchmark dependency only. :func:`hf_embeddings` computes sentence
+transformers is a test-and-benchmark dependency only. :meth:`HFReference.encode` computes sentence
 embeddings exactly as sentence-transformers does for all-MiniLM-L6-v2 (tokenize with padding
 and truncation to the model's max length, BertModel, mean over real tokens, L2 normalise);
 data/minilm_reference_embeddings.json stores its output so the parity check also runs where

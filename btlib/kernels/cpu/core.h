@@ -54,8 +54,11 @@ struct Problem {
   const int32_t* cu_seqlens = nullptr;
   bool causal = false;
   float scale = 1.0f;
-  // Local window: row i may attend keys i - win_left .. i + win_right (ModernBERT: 64, 64); -1 is
-  // unbounded. Only v3 (flash.h) reads it; the bindings of v1/v2 (teaching.h) never set it.
+  // Local window: row i may attend keys j with i - win_left <= j <= i + win_right (ModernBERT: 64, 64),
+  // intersected with its real keys and the causal prefix (key_lo / key_hi below); a negative reach is
+  // no limit on that side. attention.cpp's set_window stores a reach >= T as -1, so i + win_right + 1
+  // cannot overflow. Only v3 (flash.h) reads the window, through key_lo / key_hi; v1 / v2 (teaching.h)
+  // stop at keys_of_row, and their bindings always pass -1, -1.
   int64_t win_left = -1, win_right = -1;
 
   int64_t row0(int64_t b) const { return cu_seqlens ? cu_seqlens[b] : 0; }
