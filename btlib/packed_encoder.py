@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._compile import constant_result
 from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
@@ -108,7 +109,7 @@ def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
 # Under torch.compile this runs once while dynamo traces (the registry's checks read the toolchain, a lock and
 # os.environ, which dynamo cannot trace) and its answer is a constant of the graph. A name, not the Kernel: dynamo
 # follows attributes of an object it reached through registry.get, not of one a constant function returned.
-@torch.compiler.assume_constant_result
+@constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str) -> str:
     """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select)."""
     return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), False, backend,

@@ -211,3 +211,14 @@ with torch.no_grad():
     assert r.returncode == 0, r.stderr[-3000:]
     loaded, err = r.stdout.rsplit(maxsplit=1)
     assert loaded == "['None']" and float(err) <= 1e-5
+
+
+def test_constant_result_is_torchs_mark_without_importing_dynamo():
+    """btlib marks its trace-time functions as torch.compiler.assume_constant_result does, without importing
+    torch._dynamo (and with it triton) when btlib is imported: the mark must stay torch's own."""
+    import torch._dynamo.decorators as decorators
+
+    from btlib._compile import MARK, constant_result
+
+    theirs, ours = decorators.assume_constant_result(lambda: 0), constant_result(lambda: 0)
+    assert getattr(theirs, MARK) is True and vars(ours) == vars(theirs)

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..._compile import constant_result
 from .. import _build
 from .._build import Extension
 from . import fake
@@ -194,7 +195,7 @@ def ops(isa: str | None = None):
 
 # Under torch.compile this runs (builds or loads the library) once while dynamo traces: file locks, the compiler
 # and /proc/cpuinfo have no place in a graph, and the namespace it returns is a constant of it.
-@torch.compiler.assume_constant_result
+@constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _loaded_namespace(isa: str | None) -> str:
     """Load one build (default :func:`isa`) and return its op namespace, "btlib_cpu_<isa>"."""
     isa_ = isa or _default_isa()

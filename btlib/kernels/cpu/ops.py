@@ -30,6 +30,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from ..._compile import constant_result
 from ...checks import INT32_MAX, check_int, window_reach
 from ..registry import Kernel, register
 from . import build
@@ -48,7 +49,7 @@ _bf16_fine: tuple | None = None  # (build, BTLIB_ASSUME_NO_BF16) for which a bf1
 
 # Under torch.compile both helpers run once while dynamo traces (they read os.environ and /proc/cpuinfo, which
 # dynamo cannot trace) and their results are constants of the graph: the warning comes at compile time.
-@torch.compiler.assume_constant_result
+@constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _bf16_state() -> tuple:
     return build.isa(), os.environ.get("BTLIB_ASSUME_NO_BF16", "")
 
@@ -64,7 +65,7 @@ def _check_bf16(q: Tensor) -> None:
     _bf16_verdict()
 
 
-@torch.compiler.assume_constant_result
+@constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _bf16_verdict() -> None:
     global _bf16_fine
     from ... import device
