@@ -209,7 +209,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
                 return _torch(x, weight, bias, activation, residual, grad)
             ahead = _planned.get()
             chosen = ahead[2] if ahead is not None and ahead[0] is x.dtype and ahead[1] == M else choose(x.dtype, M)
-        if chosen == "onednn" and _has_onednn() and ("onednn", x.dtype) not in _broken:  # path_available, inlined
+        if chosen == "onednn" and path_available("onednn", x.dtype) is None:
             try:
                 return _onednn(x, weight, bias, activation, residual)
             except RuntimeError as e:  # e.g. bf16 without AVX-512: mkldnn_reorder_linear_weight refuses

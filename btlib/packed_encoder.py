@@ -110,10 +110,12 @@ def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
 # os.environ, which dynamo cannot trace) and its answer is a constant of the graph. A name, not the Kernel: dynamo
 # follows attributes of an object it reached through registry.get, not of one a constant function returned.
 @constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
-def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str) -> str:
-    """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select)."""
+def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str,
+                   window: tuple[int, int] | None = None) -> str:
+    """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select);
+    window: a local window some layer uses (the kernel must take one), or None. Shared with ModernBERT."""
     return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), False, backend,
-                           needs_grad=needs_grad).name
+                           needs_grad=needs_grad, window=window).name
 
 
 class PackedEncoder(nn.Module):

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from .. import gemm
 from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..kernels import registry
+from ..packed_encoder import _select_varlen
 from ..kernels.registry import Kernel
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
 from .model import Pooling, Prompts, check_encode_args, packed_positions
@@ -185,8 +186,8 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
         cache = self.__dict__.setdefault("_kernels", {})
         if key not in cache:
             window = next((layer.window for layer in stack.layers if layer.window is not None), None)
-            cache[key] = registry.select("varlen", x.new_empty(0, self.spec.nhead, self.spec.head_dim), False,
-                                         needs_grad=needs_grad, window=window)
+            cache[key] = registry.get(_select_varlen(x.dtype, x.device, self.spec.nhead, self.spec.head_dim, needs_grad,
+                                                     "auto", window))
         return cache[key]
 
     # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
