@@ -53,9 +53,9 @@ import torch
 
 __all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file"]
 
-_VERSION = 2  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes)
+_VERSION = 3  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp)
 _FIELDS = ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n", "gemm", "gemm_pick")
-PATHS = ("torch", "onednn")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing
+PATHS = ("torch", "onednn", "btlib")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing
 _memo: dict[str, "Hardware"] = {}
 _warned: set[str] = set()
 
