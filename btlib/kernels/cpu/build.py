@@ -254,8 +254,9 @@ def int8_module():
     """
     isa_ = _checked_isa(None)
     flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *_FLAGS[isa_], *_thread_flags()]
-    return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE],
-                        sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()))
+    return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE, HEADER],
+                        sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()),
+                        extra_include_paths=[str(HERE)])
 
 
 def _gemm_name(isa_: str) -> str:

@@ -21,10 +21,7 @@
 // differ from F.linear's in the last bits, within fp32 rounding). NaN and inf propagate as in any
 // fp32 GEMM: a NaN in row m of x makes row m of y NaN; an inf times a zero weight is NaN.
 //
-// GELU(x) = x (1 + erf(x / sqrt 2)) / 2 = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, with erfc(z) for z >= 0
-// by Abramowitz & Stegun 7.1.26 (t = 1 / (1 + p z), a 5-term polynomial in t times exp(-z^2); |error| <
-// 1.5e-7), the approximation torch's own vectorised erf uses. Written as erfc, a negative x loses no digits
-// to 1 + erf(x) ~ 0 (torch's F.gelu does, by up to ~2.5e-7 at x = -5). +-inf give NaN, as F.gelu does on CPU.
+// The GELU is vec.h's vgelu (exact GELU through erfc, within 1e-6 of float64; +-inf give NaN as F.gelu's).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -77,22 +74,9 @@ at::Tensor pack(const at::Tensor& w) {
 
 enum Act : int64_t { kNone = 0, kGelu = 1, kRelu = 2 };
 
-inline vf gelu(vf x) {
-  const vf ax = vabs(x), z = vmul(ax, vset1(0.70710678118654752f));
-  const vf t = vdiv(vset1(1.0f), vfma(vset1(0.3275911f), z, vset1(1.0f)));
-  vf poly = vset1(1.061405429f);
-  poly = vfma(poly, t, vset1(-1.453152027f));
-  poly = vfma(poly, t, vset1(1.421413741f));
-  poly = vfma(poly, t, vset1(-0.284496736f));
-  poly = vfma(poly, t, vset1(0.254829592f));
-  const vf e = vexp2(vmul(vmul(z, z), vset1(-1.4426950408889634f)));  // exp(-z^2) = 2^(-z^2 log2 e)
-  const vf erfc = vmul(vmul(t, poly), e);
-  return vsub(vmax(vzero(), x), vmul(vmul(vset1(0.5f), ax), erfc));  // x second: a NaN x stays NaN
-}
-
 template <int64_t A>
 inline vf activate(vf x) {
-  if constexpr (A == kGelu) return gelu(x);
+  if constexpr (A == kGelu) return vgelu(x);
   if constexpr (A == kRelu) return vmax(vzero(), x);  // relu(NaN) = NaN, as torch's
   return x;
 }

@@ -171,4 +171,21 @@ inline vf vkeep_range(vf x, int lo, int hi, float fill) { for (int i = 0; i < W;
 inline vf vexp2(vf x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp2(x.v[i]); return x; }
 #endif
 
+// GELU(x) = x (1 + erf(x / sqrt 2)) / 2 = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, with erfc(z) for z >= 0 by
+// Abramowitz & Stegun 7.1.26 (t = 1 / (1 + p z), a 5-term polynomial in t, times exp(-z^2); |error| < 1.5e-7),
+// the approximation torch's own vectorised erf uses. Written through erfc, a negative x loses no digits to
+// 1 + erf(x) ~ 0 (torch's fp32 F.gelu does, by up to ~2.5e-7 at x = -5). NaN stays NaN (x is max's second
+// operand); +-inf give NaN (inf * erfc(inf) = inf * 0), as F.gelu does on the CPU.
+inline vf vgelu(vf x) {
+  const vf ax = vabs(x), z = vmul(ax, vset1(0.70710678118654752f));
+  const vf t = vdiv(vset1(1.0f), vfma(vset1(0.3275911f), z, vset1(1.0f)));
+  vf poly = vset1(1.061405429f);
+  poly = vfma(poly, t, vset1(-1.453152027f));
+  poly = vfma(poly, t, vset1(1.421413741f));
+  poly = vfma(poly, t, vset1(-0.284496736f));
+  poly = vfma(poly, t, vset1(0.254829592f));
+  const vf e = vexp2(vmul(vmul(z, z), vset1(-1.4426950408889634f)));  // exp(-z^2) = 2^(-z^2 log2 e)
+  return vsub(vmax(vzero(), x), vmul(vmul(vset1(0.5f), ax), vmul(vmul(t, poly), e)));
+}
+
 }  // namespace btlib_vec
