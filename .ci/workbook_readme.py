@@ -102,13 +102,13 @@ def _machine(setup_text: str) -> tuple[tuple[str, ...], str | None]:
 
 
 _FACTOR = r"(\d+(?:\.\d+)?)x (?:faster|slower)[^()\n]{0,60}?\(noise ±(\d+(?:\.\d+)?)%\)"  # "1.60x faster (noise ±2%)"
-_SHARE = r"(\d+(?:\.\d+)?)% of (?:the |its |their )?ideal \(noise ±(\d+(?:\.\d+)?)%\)"  # "87% of the ideal (noise ±3%)"
+_SHARE = r"(\d+(?:\.\d+)?)% of [^()\n,;]{1,40}? \(noise ±(\d+(?:\.\d+)?)%\)"  # "87% of the ideal (noise ±3%)"
 _UNCLEAR = r"(?:equal within noise|no clear difference|no difference beyond the noise|within (?:the )?noise) ?\(\d+(?:\.\d+)?x"
 _ROUNDING = 0.005  # a printed factor (2 decimals) or percentage (0 decimals) is off by at most this much
 
 
 def factors_inside_noise(text: str) -> list[str]:
-    """The phrases of ``text`` that quote a factor (or a share of an ideal) that its own noise does not clear.
+    """The phrases of ``text`` that quote a factor (or a share of a yardstick) that its own noise does not clear.
 
     A factor f with noise n is clear when f - 1 > n (btlib.bench.verdict: the rows' intervals do not overlap).
     Both are printed rounded, so a phrase is refused only where no rounding makes it clear: f - 1 <= n - 2 x 0.005
@@ -146,9 +146,9 @@ def summarize(nb, stem: str) -> Summary:
         else:
             text = printed.strip()
             for phrase in factors_inside_noise(text):
-                problems.append(f"{stem}: its '{README_TAG}' cell quotes a factor inside its noise: {phrase!r}; print the verdict "
-                                "with btlib.bench.compare / faster_first / share_of_ideal (they say 'no clear difference' or "
-                                "'as fast as ... within noise' there) and re-execute the notebook")
+                problems.append(f"{stem}: its '{README_TAG}' cell quotes a factor inside its noise: {phrase!r}; "
+                                "print the verdict with btlib.bench.compare / faster_first / share_of_ideal (they say "
+                                "'no clear difference' or 'as fast as ... within noise' there) and re-execute the notebook")
     setup = next((c for c in nb.cells if c.get("id") == SETUP_ID), None)
     machine, sizes = _machine(_stdout(setup)[0]) if setup is not None else ((), None)
     title = next((c.source.splitlines()[0].lstrip("#").strip() for c in nb.cells
