@@ -234,10 +234,12 @@ def _distribution(module: str) -> str:
     return _norm((metadata.packages_distributions().get(module) or [module])[0])
 
 
-def unprovided(lab: set[str]) -> list[str]:
-    """What a notebook or btlib imports that neither the ``lab`` closure installs nor a message names the extra of."""
+def unprovided(lab: set[str], sources: dict[str, str] | None = None) -> list[str]:
+    """What a notebook or btlib imports (or ``sources``: where -> code) that neither the ``lab`` closure installs
+    nor a message names the extra of."""
     closures = {e: install_closure(e) for e in _extras()}
-    sources = {**_notebook_sources(), **{str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "btlib").rglob("*.py"))}}
+    if sources is None:
+        sources = {**_notebook_sources(), **{str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "btlib").rglob("*.py"))}}
     problems = []
     for where, source in sources.items():
         for module, extra in _module_imports(source):
@@ -260,12 +262,22 @@ def test_every_package_a_notebook_or_btlib_imports_is_installed_by_make_setup_or
 
 
 def test_the_import_check_catches_what_notebook_08_met():
-    """With the lab extra as it was (no transformers, no compare engines), the check names the imports that failed."""
+    """With the lab extra as it was (no transformers, no compare engines), an import of transformers whose skip
+    message names no extra (modernbert_e2e.py's, as it was) is caught; one that names the extra installing it is
+    not; one naming an extra that does not install it is."""
     old_lab = install_closure("notebooks", "gpu", "pretrained", "serve") | {"httpx"}
-    problems = "\n".join(unprovided(old_lab))
-    assert "btlib/bench/modernbert_e2e.py imports transformers" in problems, problems
-    assert "btlib/pretrained/reference.py imports transformers" in problems
-    assert "imports onnxruntime" not in problems, "runtimes.py names the compare extra that installs it"
+    assert "transformers" not in old_lab and "transformers" in install_closure("lab")
+    as_it_was = "def available():\n    try:\n        import transformers\n    except ImportError as e:\n" \
+                "        return f\"needs transformers and tokenizers ({e})\"\n"
+    assert unprovided(old_lab, {"modernbert_e2e.py": as_it_was}) == [
+        "modernbert_e2e.py imports transformers (transformers), which btlib[lab] does not install "
+        "and no message names an extra for"]
+    assert unprovided(old_lab, {"x.py": as_it_was.replace("tokenizers (", "tokenizers: pip install -e '.[lab]' (")}) == []
+    wrong = unprovided(old_lab, {"x.py": as_it_was.replace("tokenizers (", "tokenizers: pip install -e '.[serve]' (")})
+    assert wrong and "no message names an extra" in wrong[0]
+    assert unprovided(old_lab, {"08 cell 3": "import onnxruntime"})  # a notebook cannot say which extra
+    assert unprovided(old_lab, {"corpus.py": "ray = require('ray', 'scale')"}) == []  # require names the extra
+    assert unprovided(install_closure("lab"), {"08 cell 3": "import transformers, onnxruntime"}) == []
 
 
 def test_make_test_adds_only_test_tools_and_the_corpus_extra_to_make_setup():

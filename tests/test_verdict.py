@@ -96,7 +96,8 @@ def test_rounds_interleave_the_providers_and_rotate_which_goes_first():
     def provider(name):
         return Provider(name, lambda x: calls.append(name) or x["t"].sum())
 
-    bench = Benchmark(name="t", description="", x_name="n", x_vals=(4,), providers=lambda: [provider(n) for n in "ABC"],
+    bench = Benchmark(name="t", description="", x_name="n", x_vals=(4,),
+                      providers=lambda: [provider(n) for n in "ABC"],
                       make_inputs=lambda p: {"t": torch.ones(p["n"])}, reference=lambda x: x["t"].sum(),
                       error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
     rows = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
