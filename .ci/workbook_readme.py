@@ -25,7 +25,9 @@ kernels if their cache (TORCH_EXTENSIONS_DIR) was cold.
 
 Whatever cannot be generated honestly stops the generator with every reason at once (:class:`ReadmeError`):
 a notebook without a ``readme`` cell, or with several, or one never executed; a notebook without a row
-in the table, or a row without a notebook.
+in the table, or a row without a notebook; a ``readme`` cell that quotes a factor inside its own noise
+(:func:`factors_inside_noise`: "1.02x faster (noise ±3%)", "equal within noise (0.94x, ...)", "97% of its
+ideal (noise ±5%)"), which btlib.bench's verdicts print as "no clear difference" instead.
 """
 
 from __future__ import annotations
@@ -99,6 +101,31 @@ def _machine(setup_text: str) -> tuple[tuple[str, ...], str | None]:
     return tuple(lines), sizes
 
 
+_FACTOR = r"(\d+(?:\.\d+)?)x (?:faster|slower)[^()\n]{0,60}?\(noise ±(\d+(?:\.\d+)?)%\)"  # "1.60x faster (noise ±2%)"
+_SHARE = r"(\d+(?:\.\d+)?)% of [^()\n,;]{1,40}? \(noise ±(\d+(?:\.\d+)?)%\)"  # "87% of the ideal (noise ±3%)"
+_UNCLEAR = r"(?:equal within noise|no clear difference|no difference beyond the noise|within (?:the )?noise) ?\(\d+(?:\.\d+)?x"
+_ROUNDING = 0.005  # a printed factor (2 decimals) or percentage (0 decimals) is off by at most this much
+
+
+def factors_inside_noise(text: str) -> list[str]:
+    """The phrases of ``text`` that quote a factor (or a share of a yardstick) that its own noise does not clear.
+
+    A factor f with noise n is clear when f - 1 > n (btlib.bench.verdict: the rows' intervals do not overlap).
+    Both are printed rounded, so a phrase is refused only where no rounding makes it clear: f - 1 <= n - 2 x 0.005
+    ("1.02x faster (noise ±3%)"); a share p of an ideal is the factor 1 / p. A factor beside "within noise" or
+    "no clear difference" is refused outright ("equal within noise (0.94x, noise ±11%)").
+    """
+    found = [m.group(0) for m in re.finditer(_UNCLEAR, text)]
+    for m in re.finditer(_FACTOR, text):
+        if float(m[1]) - 1 <= float(m[2]) / 100 - 2 * _ROUNDING + 1e-9:  # 1e-9: 1.02 - 1 is 0.020000000000000018
+            found.append(m.group(0))
+    for m in re.finditer(_SHARE, text):
+        share = float(m[1]) / 100  # a share that rounds to 0% is far from its ideal: clear
+        if share > _ROUNDING and 1 / (share - _ROUNDING) - 1 <= float(m[2]) / 100 - _ROUNDING + 1e-9:
+            found.append(m.group(0))
+    return found
+
+
 def summarize(nb, stem: str) -> Summary:
     """Read one notebook (an nbformat node) into a :class:`Summary`."""
     problems = []
@@ -118,6 +145,10 @@ def summarize(nb, stem: str) -> Summary:
                             "(python .ci/workbook.py refresh)")
         else:
             text = printed.strip()
+            for phrase in factors_inside_noise(text):
+                problems.append(f"{stem}: its '{README_TAG}' cell quotes a factor inside its noise: {phrase!r}; "
+                                "print the verdict with btlib.bench.compare / faster_first / share_of_ideal (they say "
+                                "'no clear difference' or 'as fast as ... within noise' there) and re-execute the notebook")
     setup = next((c for c in nb.cells if c.get("id") == SETUP_ID), None)
     machine, sizes = _machine(_stdout(setup)[0]) if setup is not None else ((), None)
     title = next((c.source.splitlines()[0].lstrip("#").strip() for c in nb.cells

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_TOOLS = {"pytest", "nbval", "hypothesis", "playwright", "transformers", "uv"}
+TEST_TOOLS = {"pytest", "nbval", "hypothesis", "playwright", "uv", "openai"}
 
 
 def _uv() -> str | None:
@@ -56,11 +56,14 @@ def _names(res: subprocess.CompletedProcess) -> dict[str, str]:
 @pytest.mark.parametrize("platform, macos", [("aarch64-apple-darwin", "14.0"), ("x86_64-pc-windows-msvc", None)],
                          ids=["macos_arm64", "windows_amd64"])
 def test_make_lab_set_resolves_to_wheels(platform, macos):
-    """macOS arm64 and Windows: every package of btlib[lab] at its pin has a wheel there; no triton, no test tools."""
+    """macOS arm64 and Windows: every package of btlib[lab] at its pin has a wheel there (transformers and the compare
+    engines included); no triton, no test tools."""
     got = _names(resolve(platform, macos=macos))
     pins = dict(line.split("==") for line in (ROOT / "requirements" / "pins.txt").read_text().splitlines()
                 if line and not line.startswith("#") and "==" in line)
     assert got["torch"] == pins["torch"] and got["jupyterlab"] == pins["jupyterlab"] and got["tokenizers"] == pins["tokenizers"]
+    assert got["transformers"] == pins["transformers"] and got["onnxruntime"] == pins["onnxruntime"], \
+        "make lab lacks what notebooks 07 and 08 run"
     assert "triton" not in got, "triton has no wheels here: pyproject's gpu extra must carry its platform marker"
     assert not TEST_TOOLS & set(got), f"make lab installs test tools: {TEST_TOOLS & set(got)}"
 

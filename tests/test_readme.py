@@ -181,6 +181,51 @@ def test_check_mode_prints_the_diff_and_exits_1_until_written(tmp_path, capsys):
     assert "02_two: no code cell tagged 'readme'" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("noisy", [
+    "SDPA against naive: equal within noise (0.94x, noise ±11%).",            # the old wording quoted the factor
+    "SDPA against naive: 1.02x faster (noise ±3%).",                           # a factor the noise does not clear
+    "v3 against v1: 1.30x slower (noise ±456%).",
+    "btlib's packed encoder 97% of its ideal (noise ±5%).",                    # a share inside the noise
+    "the nested path reaches 97% of its run without padding (noise ±5%).",
+    "measured: no difference beyond the noise (1.03x, noise ±5%)",
+])
+def test_a_factor_inside_its_noise_stops_the_generator_by_name(tmp_path, noisy):
+    nbs = write_notebooks(tmp_path / "notebooks", {"01_one": make_nb("01 · One"),
+                                                   "02_two": make_nb("02 · Two", readme=f"First line.\n{noisy}")})
+    with pytest.raises(wr.ReadmeError, match="02_two: its 'readme' cell quotes a factor inside its noise") as e:
+        wr.generate(README, wr.load(nbs))
+    assert "01_one" not in str(e.value)
+
+
+@pytest.mark.parametrize("clear", [
+    "SDPA against naive: 4.94x faster (noise ±5%) at T=1024.",
+    "the fastpath against the slow path: 1.04x slower (noise ±2%); 1.25x faster than the ideal, beyond noise (±2%)",
+    "nested: no clear difference (noise ±3%); btlib at 80% of the ideal (noise ±10%); as fast as its ideal within noise (±2%)",
+    "0% of the ideal (noise ±3%); predicted 2.96x from the encoder FLOPs (the FLOP ratio is 6.7x)",
+])
+def test_clear_verdicts_are_quoted(clear):
+    assert wr.factors_inside_noise(clear) == []
+
+
+def test_nothing_btlibs_verdicts_print_is_refused():
+    """Every sentence btlib.bench.compare, faster_first and share_of_ideal can print passes the README's check,
+    and every one the check would refuse is printed without a factor: the two rules are one rule."""
+    from btlib.bench import compare, share_of_ideal
+    from btlib.bench.verdict import faster_first
+
+    def row(ms, spread):
+        return {"provider": "p", "median_ms": ms, "min_ms": ms, "round_medians_ms": [ms, ms * (1 + spread)]}
+
+    printed = 0
+    for spread in (0.0, 0.004, 0.02, 0.0349, 0.05, 0.151, 0.5, 2.44):
+        for ratio in [1 + k / 400 for k in range(-200, 400)] + [10.0, 0.1]:
+            a, b = row(100.0, spread), row(100.0 * ratio, 0.0)
+            for sentence in (str(compare(a, b)), faster_first(a, b, "a", "b"), share_of_ideal(a, b), share_of_ideal(b, a)):
+                assert wr.factors_inside_noise(sentence) == [], sentence
+                printed += 1
+    assert printed > 10_000
+
+
 def test_missing_markers_are_refused():
     with pytest.raises(wr.ReadmeError, match="must hold the markers"):
         wr.generate("# no markers\n", [])

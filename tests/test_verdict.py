@@ -1,4 +1,4 @@
-"""btlib.bench.verdict: the word is chosen by the ratio against the measured noise."""
+"""btlib.bench.verdict: the word is chosen by the ratio against the measured noise; a factor inside the noise is never printed."""
 
 import doctest
 
@@ -18,7 +18,7 @@ def test_docstring_example():
     assert doctest.testmod(verdict).failed == 0
 
 
-@pytest.mark.parametrize("a, b, word", [(50, 100, "faster"), (100, 50, "slower"), (100, 101, "equal within noise")])
+@pytest.mark.parametrize("a, b, word", [(50, 100, "faster"), (100, 50, "slower"), (100, 101, "no clear difference")])
 def test_verdict_word(a, b, word):
     assert compare(_row("a", a), _row("b", b)).verdict == word
 
@@ -27,7 +27,7 @@ def test_noise_from_rounds_beats_within_run_spread():
     r = _row("a", 100, lo=99, rounds=[100, 130])
     assert noise(r) == pytest.approx(0.30)
     # 20% apart is inside a 30% spread: no verdict either way
-    assert compare(r, _row("b", 120)).verdict == "equal within noise"
+    assert compare(r, _row("b", 120)).verdict == "no clear difference"
     assert noise(_row("a", 110, lo=100)) == pytest.approx(0.10)
 
 
@@ -39,11 +39,26 @@ def test_one_bad_round_sets_neither_time_nor_noise():
 
 
 def test_slower_is_as_far_from_equal_as_faster():
-    # 50x slower with 40% noise is slower, not "equal within noise" (|0.02 - 1| < 0.4 + 1 would say so)
+    # 50x slower with 40% noise is slower, not "no clear difference" (|0.02 - 1| < 0.4 + 1 would say so)
     a, b = _row("a", 100, rounds=[100, 140]), _row("b", 2, rounds=[2, 2.01])
     assert compare(a, b).verdict == "slower" and compare(b, a).verdict == "faster"
     assert str(compare(a, b)) == "50.00x slower (noise ±40%)" and compare(a, b).ratio == pytest.approx(0.02)
-    assert compare(_row("a", 100, rounds=[100, 140]), _row("b", 75)).verdict == "equal within noise"
+    assert compare(_row("a", 100, rounds=[100, 140]), _row("b", 75)).verdict == "no clear difference"
+
+
+@pytest.mark.parametrize("a, b", [((100, [100, 103]), (102, [102, 104])), ((100, [100, 130]), (120, [120, 121])),
+                                  ((100, [100, 180]), (60, [60, 61]))])
+def test_overlapping_intervals_print_no_factor(a, b):
+    """Intervals [t, t (1 + s)] at the larger spread s overlap: the sentence names no factor, whichever row is faster."""
+    c = compare(_row("a", a[0], rounds=a[1]), _row("b", b[0], rounds=b[1]))
+    assert not c.clear and c.verdict == "no clear difference"
+    assert str(c) == f"no clear difference (noise ±{c.noise:.0%})" and "x" not in str(c)
+
+
+def test_the_verdict_turns_clear_just_past_the_larger_spread():
+    fast = _row("a", 100, rounds=[100, 105])  # spread 5%
+    assert not compare(fast, _row("b", 105, rounds=[105, 105.5])).clear  # 5% apart: the intervals touch
+    assert str(compare(fast, _row("b", 106, rounds=[106, 106.5]))) == "1.06x faster (noise ±5%)"
 
 
 def test_compare_refuses_untimed_rows():
@@ -69,10 +84,39 @@ def test_run_rounds_records_every_round():
     assert len(row["round_medians_ms"]) == 3 and row["median_ms"] == min(row["round_medians_ms"])
 
 
+def test_rounds_interleave_the_providers_and_rotate_which_goes_first():
+    """Round k starts at the k-th provider (A B C, B C A, C A B): none is always timed first, or last."""
+    import torch
+
+    from btlib.bench import run_rounds
+    from btlib.bench.core import Benchmark, Provider
+
+    calls = []
+
+    def provider(name):
+        return Provider(name, lambda x: calls.append(name) or x["t"].sum())
+
+    bench = Benchmark(name="t", description="", x_name="n", x_vals=(4,),
+                      providers=lambda: [provider(n) for n in "ABC"],
+                      make_inputs=lambda p: {"t": torch.ones(p["n"])}, reference=lambda x: x["t"].sum(),
+                      error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
+    rows = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
+    # each provider is called twice per round: once checked against the reference, once timed
+    assert "".join(calls) == "AABBCC" + "BBCCAA" + "CCAABB"
+    assert [r["provider"] for r in rows] == ["A", "B", "C"], "rows keep the declared order"
+    assert all(len(r["round_medians_ms"]) == 3 for r in rows)
+
+
 def test_faster_first_names_the_faster_row_first():
     slow, fast = _row("slow", 100), _row("fast", 25)
     assert faster_first(slow, fast, "v1", "v3") == "v3 against v1: 4.00x faster (noise ±2%)"
     assert faster_first(fast, slow, "v3", "v1") == "v3 against v1: 4.00x faster (noise ±2%)"
+
+
+def test_faster_first_keeps_the_given_order_when_there_is_no_clear_difference():
+    a, b = _row("a", 101, rounds=[101, 104]), _row("b", 100, rounds=[100, 103])
+    assert faster_first(a, b, "v3", "SDPA") == "v3 against SDPA: no clear difference (noise ±3%)"
+    assert faster_first(b, a, "SDPA", "v3") == "SDPA against v3: no clear difference (noise ±3%)"
 
 
 def test_share_of_ideal_is_never_a_fraction_above_one():
@@ -83,6 +127,8 @@ def test_share_of_ideal_is_never_a_fraction_above_one():
     beyond = share_of_ideal(row(8.0, [8.0, 8.1]), ideal)
     assert beyond.startswith("1.25x faster than the ideal, beyond noise") and "too low to be a bound" in beyond
     assert "%" not in beyond.split("(")[0]  # no "125% of the ideal"
+    # below the ideal but inside the noise: no share is quoted either
+    assert share_of_ideal(row(10.3, [10.3, 10.8]), ideal) == "as fast as the ideal within noise (±5%)"
 
 
 def test_each_padding_free_path_is_a_share_of_its_own_engines_ideal():

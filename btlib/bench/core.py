@@ -146,13 +146,14 @@ def _device_of(inputs: dict) -> str:
 
 def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = None, json_path: str | Path | None = None,
         providers: Sequence[str] | None = None, x_vals: Sequence[Any] | None = None, params: dict | None = None,
-        progress: Callable[[str], None] | None = None, save: bool = True, **timing: Any) -> list[dict]:
+        progress: Callable[[str], None] | None = None, save: bool = True, first: int = 0, **timing: Any) -> list[dict]:
     """Check, then time every provider of ``bench`` at every x; return the rows.
 
     quick: small sizes (defaults to BTLIB_QUICK). threads: torch.set_num_threads for the run.
     json_path: write the rows there as JSON lines; by default (``save=True``) they go to
     ``$BTLIB_RESULTS_DIR/<name>.jsonl`` when that variable is set. providers / x_vals / params
-    narrow or override the declaration. timing: passed to :func:`time_fn`.
+    narrow or override the declaration. first: at each x the providers run in declared order
+    rotated to start at this index (``run_rounds`` moves it on each round). timing: passed to :func:`time_fn`.
     """
     quick = quick_mode() if quick is None else quick
     p = {**bench.params, **(bench.quick if quick else {}), **(params or {})}
@@ -168,6 +169,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
     try:
         env = describe_machine()
         provs = [pr for pr in bench.providers() if providers is None or pr.name in providers]
+        provs = provs[first % len(provs):] + provs[:first % len(provs)] if provs else provs
         for x in xs:
             point = {**p, bench.x_name: x}
             inputs = bench.make_inputs(point)
@@ -266,14 +268,17 @@ def _local(pr: Provider) -> Provider:
 def run_rounds(bench: Benchmark, rounds: int = 3, **kwargs) -> list[dict]:
     """:func:`btlib.bench.run` ``rounds`` times; per (provider, x) the row with the lowest median.
 
-    Rounds interleave the providers in time, so the kept rows are still measured side by side;
-    each row records how many rounds it is the best of (``rounds``) and every round's median
-    (``round_medians_ms``), the spread that :mod:`btlib.bench.verdict` calls noise.
+    Rounds interleave the providers in time (A B, then B A, ...: round k starts with the k-th
+    provider, so none is always timed first after the inputs are built, or always last), and a
+    burst of other work lands on one round of each provider rather than on all of one provider's
+    repeats; the kept rows are still measured side by side. Each row records how many rounds it is
+    the best of (``rounds``) and every round's median (``round_medians_ms``), whose spread
+    :mod:`btlib.bench.verdict` calls noise.
     """
     best: dict[tuple, dict] = {}
     medians: dict[tuple, list[float]] = {}
-    for _ in range(rounds):
-        for row in run(bench, **kwargs):
+    for k in range(rounds):
+        for row in run(bench, first=k, **kwargs):
             key, kept = (row["provider"], row["x"]), best.get((row["provider"], row["x"]))
             if row["status"] == "ok":
                 medians.setdefault(key, []).append(row["median_ms"])

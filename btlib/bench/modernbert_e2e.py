@@ -123,7 +123,7 @@ def _transformers_available() -> str | None:
         import transformers  # noqa: F401
         import tokenizers  # noqa: F401
     except ImportError as e:
-        return f"needs transformers and tokenizers ({e})"
+        return f"needs transformers and tokenizers ({e}): pip install -e '.[lab]' (what make setup installs)"
     return None
 
 

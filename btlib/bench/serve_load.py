@@ -88,7 +88,7 @@ def why_not_available(method: str) -> str | None:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            return "transformers is not installed (pip install -e '.[dev]')"
+            return "transformers is not installed (pip install -e '.[lab]', what make setup installs)"
         return None
     if method in ("tei_ort_padded", "ort_per_request"):
         from .runtimes import onnx_available

@@ -1,4 +1,4 @@
-"""Verdicts chosen by the data: "faster", "slower" or "equal within noise", with the noise measured.
+"""Verdicts chosen by the data: "faster", "slower" or "no clear difference", with the spread measured.
 
 A sentence such as "the fused kernel is faster" is a fact about one machine. The notebooks print
 it from the measured rows instead of typing it, so it stays true wherever they run:
@@ -7,15 +7,21 @@ it from the measured rows instead of typing it, so it stays true wherever they r
     >>> b = {"provider": "nested", "median_ms": 80.0, "min_ms": 79.0, "round_medians_ms": [80.0, 82.0]}
     >>> str(compare(a, b))
     '1.60x faster (noise ±2%)'
+    >>> str(compare(a, {**b, "median_ms": 50.5, "round_medians_ms": [50.5, 53.0]}))
+    'no clear difference (noise ±5%)'
 
-The noise of a row is how reproducible its kept time is: when it comes from
-:func:`btlib.bench.run_rounds` (``round_medians_ms``: the same point timed in several rounds,
-interleaved with the other providers), the gap between its best round and the next best (the row
-keeps the best round, so one round that a burst of other work landed on neither sets the time nor
-the noise; with two rounds this is their whole spread), else the spread within its one run (median
-over min). Two rows differ only when the faster is faster by more than the larger of their noises
-(never less than ``floor``, 2%: below that, clock and cache effects decide); "2x slower" and
-"2x faster" are the same distance from equal.
+The spread ("noise") of a row is how reproducible its kept time is, measured across repeats: when
+the row comes from :func:`btlib.bench.run_rounds` (``round_medians_ms``: the same point timed in
+several rounds, interleaved with the other providers), the gap between its best round and the next
+best (the row keeps the best round, so one round that a burst of other work landed on neither sets
+the time nor the spread; with two rounds this is their whole spread), else the spread of its one
+run's repeated calls (median over min).
+
+Other work only adds time, so a row's time t lies in the interval [t, t (1 + s)]. Two rows are held
+to the larger spread s of the two (never below ``floor``, 2%: below that, clock and cache effects
+decide): when the faster row's interval reaches the slower row's time, the intervals overlap and
+the verdict is "no clear difference", printed without a factor, so no factor inside the noise is
+ever quoted. "2x slower" and "2x faster" are the same distance from equal.
 """
 
 from __future__ import annotations
@@ -23,40 +29,51 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal"]
+__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal", "NO_CLEAR_DIFFERENCE"]
 
 FLOOR = 0.02
 
 
 def noise(row: dict) -> float:
-    """Relative spread of one row's time: next-best / best - 1 over its rounds' medians, else median/min - 1."""
+    """Relative spread of one row's time across repeats: next-best / best - 1 over its rounds' medians, else
+    median / min - 1 over its one run's calls."""
     rounds = sorted(row.get("round_medians_ms") or [])
     if len(rounds) >= 2:
         return rounds[1] / rounds[0] - 1.0
     return row["median_ms"] / row["min_ms"] - 1.0 if row.get("min_ms") else 0.0
 
 
+NO_CLEAR_DIFFERENCE = "no clear difference"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """How row ``a`` compares with row ``b``: ``ratio`` = b's median / a's median (> 1: a is faster).
 
-    ``str()`` says the factor as one would: ratio 0.25 prints "4.00x slower (noise ±3%)".
+    ``noise``: the larger spread of the two rows (at least the floor). ``str()`` says the factor as one
+    would, only where it is clear: ratio 0.25 prints "4.00x slower (noise ±3%)", ratio 1.02 with a 3%
+    spread "no clear difference (noise ±3%)".
     """
 
     ratio: float
     noise: float
 
     @property
+    def clear(self) -> bool:
+        """True when the two rows' intervals [t, t (1 + noise)] do not overlap: the faster is faster by more than the noise."""
+        return max(self.ratio, 1.0 / self.ratio) - 1.0 > self.noise  # a ratio of 0.5 is as far from 1 as 2
+
+    @property
     def verdict(self) -> str:
-        """"faster", "slower" or "equal within noise" (a compared with b)."""
-        if max(self.ratio, 1.0 / self.ratio) - 1.0 <= self.noise:  # a ratio of 0.5 is as far from 1 as 2
-            return "equal within noise"
+        """"faster", "slower" (a compared with b) or "no clear difference"."""
+        if not self.clear:
+            return NO_CLEAR_DIFFERENCE
         return "faster" if self.ratio > 1.0 else "slower"
 
     def __str__(self) -> str:
         band = f"noise ±{self.noise:.0%}"
-        if self.verdict == "equal within noise":
-            return f"equal within noise ({self.ratio:.2f}x, {band})"
+        if not self.clear:
+            return f"{NO_CLEAR_DIFFERENCE} ({band})"  # no factor: one inside the noise says nothing
         times = self.ratio if self.ratio >= 1.0 else 1.0 / self.ratio  # "4.00x slower", not "0.25x slower"
         return f"{times:.2f}x {self.verdict} ({band})"
 
@@ -72,21 +89,24 @@ def compare(a: dict, b: dict, *, floor: float = FLOOR) -> Comparison:
 
 def faster_first(a: dict, b: dict, name_a: str, name_b: str) -> str:
     """"<faster> against <slower>: 1.80x faster (noise ±3%)": the comparison with the faster row named first,
-    so a sentence never reads "4.00x slower" and a ratio within noise is shown as >= 1.00x."""
-    if compare(a, b).ratio < 1:
+    so a sentence never reads "4.00x slower"; where the difference is not clear, in the order given:
+    "<a> against <b>: no clear difference (noise ±3%)"."""
+    c = compare(a, b)
+    if c.clear and c.ratio < 1:
         a, b, name_a, name_b = b, a, name_b, name_a
     return f"{name_a} against {name_b}: {compare(a, b)}"
 
 
 def share_of_ideal(row: dict, ideal: dict, name: str = "the ideal") -> str:
-    """How close ``row`` came to its ``ideal`` row (a yardstick: what no padding, or the best measured rate,
-    allows), never as a fraction above 100%: "87% of the ideal (noise ±3%)", "as fast as the ideal within
-    noise (±4%)", or, beyond noise, a sentence saying that the ideal is too low to be a bound."""
+    """How close ``row`` came to its ``ideal`` row (a yardstick: the ideal time, useful FLOPs over the bound, or a
+    measured run without the waste), never as a fraction above 100% nor as a share inside the noise:
+    "87% of the ideal (noise ±3%)"; "as fast as the ideal within noise (±4%)" where the two intervals overlap
+    (on either side); beyond noise above it, a sentence saying that the ideal is too low to be a bound."""
     c = compare(row, ideal)
-    if c.ratio <= 1:
-        return f"{c.ratio:.0%} of {name} (noise ±{c.noise:.0%})"
-    if c.ratio - 1 <= c.noise:
+    if not c.clear:
         return f"as fast as {name} within noise (±{c.noise:.0%})"
+    if c.ratio < 1:
+        return f"{c.ratio:.0%} of {name} (noise ±{c.noise:.0%})"
     return f"{c.ratio:.2f}x faster than {name}, beyond noise (±{c.noise:.0%}): {name} is too low to be a bound"
 
 

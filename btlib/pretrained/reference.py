@@ -1,6 +1,7 @@
 """The outside reference for pretrained encoders: Hugging Face transformers' own model.
 
-transformers is a test-and-benchmark dependency only. :meth:`HFReference.encode` computes sentence
+transformers is what btlib is checked and timed against, never on btlib's own paths (btlib[lab] installs
+it for the notebooks). :meth:`HFReference.encode` computes sentence
 embeddings exactly as sentence-transformers does for all-MiniLM-L6-v2 (tokenize with padding
 and truncation to the model's max length, BertModel, mean over real tokens, L2 normalise);
 data/minilm_reference_embeddings.json stores its output so the parity check also runs where
@@ -27,7 +28,8 @@ def transformers_available() -> str | None:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        return "the transformers package is not installed (pip install transformers)"
+        return ("the transformers package is not installed: pip install -e '.[lab]' (what make setup installs), "
+                "or pip install transformers")
     return None
 
 
