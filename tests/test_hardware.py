@@ -117,10 +117,10 @@ def test_a_write_keeps_other_machines_entries(fresh, monkeypatch):
 def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     import time
 
-    from btlib import gemm_measure
+    from btlib import gemm, gemm_measure
 
     t0 = time.perf_counter()
-    out = gemm_measure.measure_paths({"fp32": 0.3, "bf16": 0.2, "int8": 0.1})
+    out = gemm_measure.measure_paths(gemm, {"fp32": 0.3, "bf16": 0.2, "int8": 0.1})
     assert time.perf_counter() - t0 < 8  # budgets 0.6 s + one round past a box on a busy CPU
     fp32 = out["gemm"]["fp32"]
     assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
@@ -236,3 +236,11 @@ def test_rates_measured_with_torch_restricted_are_kept_apart(monkeypatch):
     plain = hardware._key(2)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert hardware._key(2) != plain
+
+
+def test_every_isa_hardware_detects_has_build_flags():
+    """btlib.hardware names the builds (ISA detection with the other CPU facts); btlib.kernels.cpu.build compiles them."""
+    from btlib.kernels.cpu import build
+
+    assert set(build._FLAGS) == set(hardware.ISAS) and build.isa is hardware.isa
+    assert hardware.isa() in hardware.runnable() or hardware.isa() in hardware.ISAS
