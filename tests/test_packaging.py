@@ -126,3 +126,10 @@ def test_ci_installs_chromium_without_failing_where_apt_cannot():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "apt-get install" in ci and "chromium" in ci and "|| echo" in ci
     assert "playwright install" not in ci
+
+
+def test_version_is_pyprojects():
+    """btlib.__version__ (btlib/_version.py, importable from every layer) is pyproject.toml's version."""
+    import btlib
+
+    assert btlib.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
