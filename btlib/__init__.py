@@ -18,6 +18,7 @@ from .fastpath import FastpathReport, explain_fastpath
 from .observe import ops_that_ran
 from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
+from .memory import keep_freed_memory
 from .packed_encoder import PackedEncoder
 from .precision import PrecisionChoice, SlowPrecisionWarning, choose_precision
 from .pretrained import load_pretrained, to_hf_state_dict
@@ -42,5 +43,5 @@ __all__ = [
     "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",
     "lengths_to_padding_mask", "padding_mask_to_lengths",
     "packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded",
-    "uniform_lengths", "zipf_lengths", "padding_stats", "PaddingStats",
+    "uniform_lengths", "zipf_lengths", "padding_stats", "PaddingStats", "keep_freed_memory",
 ]

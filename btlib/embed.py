@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    from .memory import keep_freed_memory
+
+    keep_freed_memory()  # the corpus's batches reuse their activations' memory (btlib.memory; a no-op off glibc)
     try:
         r = embed_file(args.source, args.out, column=args.column, model_folder=args.model, shard_size=args.shard_size,
                        precision=args.precision, max_batch_tokens=args.max_batch_tokens, progress=not args.quiet)

@@ -10,6 +10,11 @@ Paths for fp32 and bf16 (what :func:`linear` runs):
              bias, exact GELU / ReLU or a residual add fused into the GEMM's epilogue:
              torch.ops.mkldnn._reorder_linear_weight + _linear_pointwise, the ops inductor's
              freezing pass emits
+    btlib    fp32 only: btlib's own GEMM (kernels/cpu/gemm.cpp), W packed once into column panels of two
+             vectors; each thread streams whole panels while a block of up to 14 rows (6 on AVX2)
+             accumulates in registers; bias, exact GELU / ReLU and the residual in its epilogue.
+             Built for few rows (one query: ~13 tokens), where a GEMM is bound
+             by reading W and the libraries' blocking for large M does not pay back
 
 int8 paths, measured for the device line only (btlib.quant runs int8):
 
@@ -57,13 +62,14 @@ from . import gemm_measure, hardware
 __all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
            "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
 
-PATHS = ("torch", "onednn")
+PATHS = ("torch", "onednn", "btlib")
 INT8_PATHS = ("int_mm", "onednn_int8")
 ACTIVATIONS = ("none", "gelu", "relu")
 _FLOAT = (torch.float32, torch.bfloat16)
 
-_packs: dict[int, tuple[weakref.ref, int, Tensor]] = {}  # id(W) -> (W alive?, W's version, packed W)
+_packs: dict[tuple[str, int], tuple[weakref.ref, int, Tensor]] = {}  # (path, id(W)) -> (W alive?, W's version, packed W)
 _broken: dict[tuple[str, torch.dtype], str] = {}  # (path, dtype) -> why it fell back (off for this process)
+_ready: set[tuple[str, torch.dtype]] = set()  # (path, dtype) that path_available said yes to; emptied when a path breaks
 _plans: dict[tuple, tuple[tuple[int | None, str], ...]] = {}  # (threads, dtype, BTLIB_GEMM) -> ((M_max, path), ...)
 _lock = threading.Lock()
 _forcing: contextvars.ContextVar[str | None] = contextvars.ContextVar("btlib_gemm_forcing", default=None)
@@ -72,7 +78,7 @@ _planned: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("btlib_g
 
 @contextlib.contextmanager
 def forcing(path: str | None) -> Iterator[None]:
-    """Inside the block (this thread / task), every :func:`linear` takes ``path`` ("torch" or "onednn"; None:
+    """Inside the block (this thread / task), every :func:`linear` takes ``path`` (one of :data:`PATHS`; None:
     BTLIB_GEMM or the measured choice): how benchmarks compare the paths side by side in one process."""
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS} or None; got {path!r}")
@@ -112,12 +118,27 @@ def forced_path() -> str | None:
 
 def path_available(path: str, dtype: torch.dtype = torch.float32) -> str | None:
     """None if ``path`` can run ``dtype`` GEMMs in this torch (as far as is known before trying); else why not."""
-    if path == "torch":
+    if path == "torch" or (path, dtype) in _ready:  # asked at every linear: a "yes" is remembered until a path breaks
         return None
+    why = _path_available(path, dtype)
+    if why is None:
+        _ready.add((path, dtype))
+    return why
+
+
+def _path_available(path: str, dtype: torch.dtype) -> str | None:
     if path == "onednn":
         if not _has_onednn():
             return "this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)"
         return _broken.get((path, dtype))
+    if path == "btlib":
+        if dtype != torch.float32:
+            return f"btlib's own GEMM (kernels/cpu/gemm.cpp) is fp32 only; got {dtype}"
+        if (why := _broken.get((path, dtype))) is not None:
+            return why
+        from .kernels.cpu import build
+
+        return build.gemm_available()
     if path == "int_mm":
         return None if hasattr(torch, "_int_mm") else "this torch has no torch._int_mm"
     if path == "onednn_int8":
@@ -136,18 +157,22 @@ def _version(w: Tensor) -> int:
     return -1 if w.is_inference() else w._version
 
 
-def pack(weight: Tensor) -> Tensor:
-    """W (N, K) fp32 or bf16 -> oneDNN's blocked copy of it, made once and reused while W is alive and unchanged.
+def pack(weight: Tensor, path: str = "onednn") -> Tensor:
+    """W (N, K) -> the copy ``path`` multiplies by, made once and reused while W is alive and unchanged:
+    oneDNN's blocked layout (fp32 or bf16) for "onednn", gemm.cpp's column panels (fp32) for "btlib".
 
-    Keyed by the tensor object and its version counter: an in-place update (load_state_dict, copy_)
-    makes a new pack. Memory: one extra copy of every weight that runs through oneDNN.
+    Keyed by the path, the tensor object and its version counter: an in-place update (load_state_dict,
+    copy_) makes a new pack. Memory: one extra copy of every weight per path that runs it.
     """
-    key = id(weight)
+    key = (path, id(weight))
     hit = _packs.get(key)
     if hit is not None and hit[0]() is weight and hit[1] == _version(weight):
         return hit[2]
     with torch.no_grad():
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        if path == "btlib":
+            packed = _gemm_cpp().pack(weight.detach().contiguous())
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     with _lock:
         if hit is None or hit[0]() is not weight:
             weakref.finalize(weight, _packs.pop, key, None)  # drop the pack with the weight
@@ -190,7 +215,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     x: (M, K) or (..., K), fp32 or bf16 (other dtypes: F.linear); weight: (N, K) in x's dtype;
     bias: (N,) or None; activation: "none", "gelu" (exact, erf) or "relu", applied before the
     residual; residual: x's leading shape + (N,), or None. Returns (..., N) in x's dtype.
-    path: "torch" or "onednn" forces one (default: BTLIB_GEMM, else :func:`plan`'s choice for M).
+    path: "torch", "onednn" or "btlib" forces one (default: BTLIB_GEMM, else :func:`plan`'s choice for M).
     oneDNN's result differs from F.linear's only by summation order (within 1e-5 relative in fp32).
     """
     if activation not in ACTIVATIONS:
@@ -210,12 +235,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
                 return _torch(x, weight, bias, activation, residual, grad)
             ahead = _planned.get()
             chosen = ahead[2] if ahead is not None and ahead[0] is x.dtype and ahead[1] == M else choose(x.dtype, M)
-        if chosen == "onednn" and path_available("onednn", x.dtype) is None:
+        if chosen != "torch" and path_available(chosen, x.dtype) is None:
             try:
-                return _onednn(x, weight, bias, activation, residual)
+                return (_onednn if chosen == "onednn" else _btlib)(x, weight, bias, activation, residual)
             except RuntimeError as e:  # e.g. bf16 without AVX-512: mkldnn_reorder_linear_weight refuses
                 y = _torch(x, weight, bias, activation, residual, grad)  # a wrong input raises here, with torch's message
-                _broken[("onednn", x.dtype)] = f"oneDNN raised: {str(e).splitlines()[0][:200]}"
+                _broken[(chosen, x.dtype)] = f"{'oneDNN' if chosen == 'onednn' else 'gemm.cpp'} raised: {str(e).splitlines()[0][:200]}"
+                _ready.discard((chosen, x.dtype))
                 _plans.clear()
                 return y
     return _torch(x, weight, bias, activation, residual, grad)
@@ -237,6 +263,35 @@ def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, res
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual.to(x.dtype), w, bias, "add")
     y = torch.ops.mkldnn._linear_pointwise(x, w, bias, activation, [], "none" if activation == "gelu" else "")
     return y if residual is None else y + residual
+
+
+def _gemm_cpp():
+    if not _gemm_mod:
+        from .kernels.cpu import build
+
+        _gemm_mod.append(build.gemm_module())
+    return _gemm_mod[0]
+
+
+_gemm_mod: list = []  # gemm.cpp's module once loaded (asked at every "btlib"-path linear)
+
+
+def _btlib(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:
+    N, K = weight.shape
+    if x.shape[-1] != K or (bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype)):
+        return _torch(x, weight, bias, activation, residual, False)  # F.linear's own error, or its type promotion
+    flat = x.dim() == 2  # the encoders' (tokens, d): no reshapes (each costs ~0.5 us; one query makes 24 calls)
+    x2 = x if flat and x.is_contiguous() else x.reshape(-1, K).contiguous()
+    fused = residual is not None and residual.dtype == x.dtype and residual.shape == (*x.shape[:-1], N)
+    r = (residual if flat and residual.is_contiguous() else residual.reshape(-1, N).contiguous()) if fused else _EMPTY
+    y = _gemm_cpp().linear(x2, pack(weight, "btlib"), N, _EMPTY if bias is None else bias.contiguous(), _ACT[activation], r)
+    if not flat:
+        y = y.view(*x.shape[:-1], N)
+    return y + residual if residual is not None and not fused else y
+
+
+_ACT = {"none": 0, "gelu": 1, "relu": 2}  # gemm.cpp's act codes
+_EMPTY = torch.empty(0)
 
 
 def _torch(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None, grad: bool) -> Tensor:

@@ -59,7 +59,7 @@ from .hardware_cache import FIELDS, read_cache, write_cache
 __all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file", "isa", "runnable",
            "ISAS", "use_gemm", "int8_gemm_gflops"]
 
-_VERSION = 2  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes)
+_VERSION = 3  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp)
 _memo: dict[str, "Hardware"] = {}
 _warned: set[str] = set()
 _gemm: dict[str, Callable] = {}  # "measure", "forget": handed over by btlib.gemm at its import (use_gemm)

@@ -19,7 +19,7 @@ from pathlib import Path
 __all__ = ["FIELDS", "PATHS", "problem", "read_cache", "write_cache"]
 
 FIELDS = ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n", "gemm", "gemm_pick")
-PATHS = ("torch", "onednn")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing above
+PATHS = ("torch", "onednn", "btlib")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing above
 
 
 def _bad_rate(value) -> bool:

@@ -121,48 +121,50 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_fp32", weight.detach().float(), persistent=False)  # (N, K), fp32: no copy
         self.activation = activation
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (M, K) float32 -> (M, N) float32. Raises ValueError where autograd would record the call."""
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """x: (M, K) float32 -> act(x W^T + b) (+ residual (M, N)): (M, N) float32. Raises ValueError where autograd
+        would record the call."""
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(f"Int8Linear: x requires grad, but {_NO_GRAD}")
         k = kernels()
         if k is None:
-            return self._forward_torch(x)
+            return self._forward_torch(x, residual)
         M, N = x.shape[0], self.qweight_t.shape[1]
         xq, s = k.quantize_rows(x.contiguous(), self.inv_smooth if self.inv_smooth is not None else _EMPTY)  # (M, K), (M, 1)
         y = x.new_empty(M, N)
         b = self.bias if self.bias is not None else _EMPTY
+        r = residual.contiguous() if residual is not None else None
+        act = _ACT[self.activation]
         for i in range(0, M, ROWS):  # row blocks: _int_mm's fast sizes, and acc stays in cache for dequantize
-            yi = y[i:i + ROWS]
-            k.dequantize(torch._int_mm(xq[i:i + ROWS], self.qweight_t), s[i:i + ROWS], self.w_scale, b, yi)
-            if self.activation == "gelu":
-                torch.ops.aten.gelu_(yi)
-            elif self.activation == "relu":
-                yi.relu_()
-        return self._nonfinite_rows(x, s, y)
+            k.dequantize(torch._int_mm(xq[i:i + ROWS], self.qweight_t), s[i:i + ROWS], self.w_scale, b, act,
+                         _EMPTY if r is None else r[i:i + ROWS], y[i:i + ROWS])  # act and residual in the same pass
+        return self._nonfinite_rows(x, s, y, residual)
 
-    def _forward_torch(self, x: Tensor) -> Tensor:
+    def _forward_torch(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         xs = x * self.inv_smooth if self.inv_smooth is not None else x
         xq, s = quantize_rows(xs)  # (M, K) int8, (M, 1)
         y = torch.mul(torch._int_mm(xq, self.qweight_t), self.w_scale)  # int32 (M, N) -> float32, times w_n
         y = torch.addcmul(self.bias, y, s, out=y) if self.bias is not None else y.mul_(s)  # * s_m + b
-        return self._nonfinite_rows(x, s, self._activation(y))
+        y = self._activation(y)
+        return self._nonfinite_rows(x, s, y if residual is None else y + residual, residual)
 
     def _activation(self, y: Tensor) -> Tensor:
         if self.activation == "gelu":
             return F.gelu(y)
         return F.relu(y) if self.activation == "relu" else y
 
-    def _nonfinite_rows(self, x: Tensor, s: Tensor, y: Tensor) -> Tensor:
+    def _nonfinite_rows(self, x: Tensor, s: Tensor, y: Tensor, residual: Tensor | None = None) -> Tensor:
         """y with the rows whose scale s is not finite (their x holds NaN or inf) recomputed in fp32, so NaN
         and inf propagate exactly as in fp32. Costs one check of the (M,) scales on clean inputs."""
         bad = ~torch.isfinite(s.view(-1))
         if bool(bad.any()):
-            y[bad] = self._activation(F.linear(x[bad], self.weight_fp32, self.bias))
+            fixed = self._activation(F.linear(x[bad], self.weight_fp32, self.bias))
+            y[bad] = fixed if residual is None else fixed + residual[bad]
         return y
 
 
 _EMPTY = torch.empty(0)
+_ACT = {None: 0, "gelu": 1, "relu": 2}  # int8.cpp's dequantize act codes
 
 
 def _inputs(layer: nn.TransformerEncoderLayer) -> dict[str, tuple[Tensor, Tensor | None]]:
@@ -208,7 +210,9 @@ class Int8PackedEncoder(PackedEncoder):
         else:
             o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=self.attention_backend)  # (total, H, Dh)
         o = o.reshape(total, d)
-        y = q8["out_proj"](o) if "out_proj" in q8 else a.out_proj(o)
+        if "out_proj" in q8:
+            return q8["out_proj"](o, residual)  # the residual added in dequantize's pass
+        y = a.out_proj(o)
         return y if residual is None else y + residual
 
     def _feed_forward(self, layer: nn.TransformerEncoderLayer, x: Tensor, residual: Tensor | None = None) -> Tensor:
@@ -216,7 +220,9 @@ class Int8PackedEncoder(PackedEncoder):
         if "linear1" not in q8 and "linear2" not in q8:
             return PackedEncoder._feed_forward(layer, x, residual)
         h = q8["linear1"](x) if "linear1" in q8 else layer.activation(layer.linear1(x))
-        y = q8["linear2"](h) if "linear2" in q8 else layer.linear2(h)
+        if "linear2" in q8:
+            return q8["linear2"](h, residual)
+        y = layer.linear2(h)
         return y if residual is None else y + residual
 
 

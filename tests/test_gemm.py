@@ -10,7 +10,10 @@ import btlib
 from btlib import gemm
 
 ONEDNN = gemm.path_available("onednn") is None
-PATHS = ["torch", pytest.param("onednn", marks=pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN linear"))]
+BTLIB_WHY = gemm.path_available("btlib")  # None where gemm.cpp builds (a C++ compiler)
+PATHS = ["torch", pytest.param("onednn", marks=pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN linear")),
+         pytest.param("btlib", marks=pytest.mark.skipif(BTLIB_WHY is not None, reason=f"gemm.cpp: {BTLIB_WHY}"))]
+FLOAT_PATHS = PATHS[:2]  # bf16 too (btlib's own GEMM is fp32 only: test_btlib_path_is_fp32_only)
 ACT = {"none": lambda y: y, "gelu": F.gelu, "relu": F.relu}
 
 
@@ -27,6 +30,7 @@ def _reference(x, w, b, activation="none", residual=None):
 def _no_forced_path(monkeypatch):
     monkeypatch.delenv("BTLIB_GEMM", raising=False)
     monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_ready", set())  # path_available's remembered answers: tests below break paths
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -55,7 +59,7 @@ def test_leading_dims_and_strided_input(path):
         assert gemm.linear(torch.randn(0, 16), w, b, path=path).shape == (0, 24)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", FLOAT_PATHS)
 @pytest.mark.parametrize("M", [1, 97])
 def test_bf16_within_twice_torchs_own_error(path, M):
     """The project's low-precision rule: error vs the fp32 reference at most 2x F.linear's own in bf16 (+ a floor)."""
@@ -187,11 +191,13 @@ def test_modernbert_layers_agree_on_both_paths(monkeypatch):
     ids = torch.randint(5, 61, (98,))
     cu_seqlens = torch.tensor([0, 1, 98], dtype=torch.int32)
     out = {}
-    for path in ("torch", "onednn"):
+    paths = ["torch", "onednn"] + (["btlib"] if BTLIB_WHY is None else [])
+    for path in paths:
         monkeypatch.setenv("BTLIB_GEMM", path)
         with torch.inference_mode():
             out[path] = model(ids, cu_seqlens, 97)
-    assert _rel(out["onednn"], out["torch"]) < 1e-5
+    for path in paths[1:]:
+        assert _rel(out[path], out["torch"]) < 1e-5, path
 
 
 def test_forward_hooks_on_linears_still_run():
@@ -232,3 +238,126 @@ def test_forcing_a_path_for_a_block(monkeypatch):
     with pytest.raises(ValueError, match="path must be one of"):
         with gemm.forcing("mkl"):
             pass
+
+
+# --- btlib's own fp32 GEMM (kernels/cpu/gemm.cpp): panel edges, row blocks, the GELU epilogue, NaN, fallbacks ---
+needs_gemm_cpp = pytest.mark.skipif(BTLIB_WHY is not None, reason=f"gemm.cpp: {BTLIB_WHY}")
+
+
+@needs_gemm_cpp
+@pytest.mark.parametrize("M", [1, 13, 14, 15, 29, 97])
+@pytest.mark.parametrize("N,K", [(1, 1), (31, 7), (32, 16), (33, 5), (100, 64)])
+def test_btlib_path_at_panel_and_row_block_edges(M, N, K):
+    """Sizes around the panel width (16 or 32 floats), the row block (6 or 14) and odd K, threads on."""
+    mod = gemm._gemm_cpp()
+    assert mod.panel_width in (8, 16, 32) and mod.max_rows in (4, 6, 14)
+    x, w, b, r = torch.randn(M, K), torch.randn(N, K), torch.randn(N), torch.randn(M, N)
+    with torch.inference_mode():
+        for activation in ("none", "gelu", "relu"):
+            y = gemm.linear(x, w, b, activation, r, path="btlib")
+            assert y.shape == (M, N) and _rel(y, _reference(x, w, b, activation, r)) < 1e-5, activation
+    assert gemm.path_available("btlib") is None  # nothing fell back
+
+
+@needs_gemm_cpp
+def test_btlib_gelu_epilogue_is_as_accurate_as_torchs():
+    """Exact GELU by erfc (A&S 7.1.26) in registers: within 1e-6 of float64 over [-12, 12]; F.gelu's own fp32 error
+    is ~1.2e-6 there. NaN and +-inf give NaN, as F.gelu does on the CPU."""
+    x = torch.linspace(-12, 12, 20001).view(-1, 1)
+    one = torch.ones(1, 1)
+    with torch.inference_mode():
+        y = gemm.linear(x, one, None, "gelu", path="btlib")
+        special = torch.tensor([[float("nan")], [float("inf")], [float("-inf")], [0.0], [-0.0]])
+        ys = gemm.linear(special, one, None, "gelu", path="btlib").view(-1)
+    assert (y.double() - F.gelu(x.double())).abs().max() < 1e-6
+    assert ys[:3].isnan().all() and ys[3:].eq(0).all()
+    assert torch.equal(ys[:3].isnan(), F.gelu(special).view(-1)[:3].isnan())
+
+
+@needs_gemm_cpp
+def test_btlib_path_propagates_nan_and_inf_like_f_linear():
+    x, w, b = torch.randn(15, 24), torch.randn(40, 24), torch.randn(40)
+    x[3, 5], x[14, 0] = float("nan"), float("inf")
+    w[7] = 0.0  # inf * 0 = NaN in column 7 of row 14, as in any fp32 GEMM
+    with torch.inference_mode():
+        y, ref = gemm.linear(x, w, b, path="btlib"), F.linear(x, w, b)
+    assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
+    ok = y.isfinite()
+    assert _rel(y[ok], ref[ok]) < 1e-5
+
+
+@needs_gemm_cpp
+def test_btlib_path_is_fp32_only():
+    assert "fp32 only" in gemm.path_available("btlib", torch.bfloat16)
+    x, w = torch.randn(5, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(gemm.linear(x, w, path="btlib"), F.linear(x, w))  # bf16 takes F.linear
+
+
+@needs_gemm_cpp
+def test_btlib_packs_follow_in_place_updates_and_die_with_the_weight():
+    lin = nn.Linear(32, 40)
+    x = torch.randn(13, 32)
+    with torch.no_grad():
+        first = gemm.pack(lin.weight, "btlib")
+        assert gemm.pack(lin.weight, "btlib") is first
+        assert first.shape == (-(-40 // gemm._gemm_cpp().panel_width), 32, gemm._gemm_cpp().panel_width)
+        lin.weight.mul_(-1)
+        assert _rel(gemm.linear(x, lin.weight, lin.bias, path="btlib"), F.linear(x, lin.weight, lin.bias)) < 1e-5
+    key = ("btlib", id(lin.weight))
+    del lin
+    assert key not in gemm._packs
+
+
+@needs_gemm_cpp
+def test_btlib_path_broadcast_residual_and_wrong_shapes():
+    """A residual that only broadcasts is added after the GEMM (not fused); a wrong x raises F.linear's error and
+    leaves the path on; gemm.cpp itself refuses a pack of the wrong shape, saying how to make one."""
+    x, w, b = torch.randn(6, 16), torch.randn(24, 16), torch.randn(24)
+    row = torch.randn(24)
+    with torch.inference_mode():
+        assert _rel(gemm.linear(x, w, b, residual=row, path="btlib"), _reference(x, w, b) + row) < 1e-5
+        with pytest.raises(RuntimeError):
+            gemm.linear(torch.randn(6, 15), w, b, path="btlib")
+    assert gemm.path_available("btlib") is None
+    mod = gemm._gemm_cpp()
+    with pytest.raises(RuntimeError, match="pack W"):
+        mod.linear(x, torch.zeros(1, 16, mod.panel_width), 200, torch.empty(0), 0, torch.empty(0))
+    with pytest.raises(RuntimeError, match="act must be"):
+        mod.linear(x, gemm.pack(w, "btlib"), 24, torch.empty(0), 7, torch.empty(0))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        mod.linear(torch.randn(16, 6).t(), gemm.pack(w, "btlib"), 24, torch.empty(0), 0, torch.empty(0))
+
+
+def test_a_raising_btlib_path_falls_back_and_stays_off(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("gemm.cpp: simulated failure")
+
+    monkeypatch.setattr(gemm, "_btlib", broken)
+    monkeypatch.setattr(gemm, "_broken", {})
+    monkeypatch.setattr(gemm, "path_available", lambda p, d=torch.float32: gemm._broken.get((p, d)))
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with torch.inference_mode():
+        assert _rel(gemm.linear(x, w, path="btlib"), F.linear(x, w)) < 1e-6
+    assert "simulated failure" in gemm._broken[("btlib", torch.float32)]
+
+
+@pytest.mark.skipif(BTLIB_WHY is not None, reason=f"gemm.cpp: {BTLIB_WHY}")
+def test_every_build_of_gemm_cpp_this_cpu_runs_matches_f_linear():
+    """gemm.cpp for each instruction set this CPU executes (portable, AVX2, AVX-512): its own panel width and row
+    block, one subprocess each (a build is chosen once per process)."""
+    import subprocess
+    import sys
+
+    from btlib.kernels.cpu import build
+
+    code = ("import torch, torch.nn.functional as F; from btlib import gemm; m = gemm._gemm_cpp(); "
+            "x, w, b, r = torch.randn(29, 37), torch.randn(70, 37), torch.randn(70), torch.randn(29, 70); "
+            "y = gemm.linear(x, w, b, 'gelu', r, path='btlib'); ref = F.gelu(F.linear(x.double(), w.double(), b.double())) + r; "
+            "print(m.isa, m.panel_width, m.max_rows, float(((y - ref).abs().max() / ref.abs().max())))")
+    for isa in build.runnable():
+        env = {**__import__("os").environ, "BTLIB_CPU_ISA": isa}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        name, width, rows, err = out.stdout.split()[-4:]
+        assert (isa == "portable") == (name == "portable") and float(err) < 1e-5, out.stdout

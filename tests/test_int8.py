@@ -38,6 +38,48 @@ def test_int8_linear_against_fp32(M, activation, smooth):
     assert (out - lin._forward_torch(x)).abs().max() < 0.01 * ref.abs().max()
 
 
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.parametrize("K", [1, 7, 16, 17, 33, 384])  # vector loops (8 or 16 lanes) and their scalar tails
+def test_int8_cpp_passes_match_the_torch_arithmetic(K):
+    """int8.cpp's quantize_rows (vectorised, smoothing on and off) gives torch's q and s (a rounding tie may flip one
+    step); dequantize with GELU / ReLU and a residual gives act(acc s w + b) + r in one pass."""
+    k = quant.kernels()
+    g = torch.Generator().manual_seed(K)
+    x, a = torch.randn(13, K, generator=g) * 3, torch.rand(K, generator=g) + 0.5
+    for smooth in (None, a):
+        q, s = k.quantize_rows(x, quant._EMPTY if smooth is None else smooth)
+        q_ref, s_ref = quant.quantize_rows(x if smooth is None else x * smooth)
+        assert torch.allclose(s, s_ref, rtol=1e-6) and (q.int() - q_ref.int()).abs().max() <= 1
+    N = K + 3
+    acc = torch.randint(-50000, 50000, (13, N), generator=g, dtype=torch.int32)
+    w, b, r = torch.rand(N, generator=g) * 1e-3, torch.randn(N, generator=g), torch.randn(13, N, generator=g)
+    base = acc.double() * s.double() * w.double() + b.double()
+    for code, act in ((0, lambda t: t), (1, F.gelu), (2, F.relu)):
+        for res in (None, r):
+            y = torch.empty(13, N)
+            k.dequantize(acc, s, w, b, code, quant._EMPTY if res is None else res, y)
+            ref = act(base) + (0 if res is None else res.double())
+            assert (y.double() - ref).abs().max() < 1e-5 * (1 + ref.abs().max()), (code, res is None)
+    with pytest.raises(RuntimeError, match="act must be"):
+        k.dequantize(acc, s, w, b, 3, quant._EMPTY, torch.empty(13, N))
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+def test_int8_linear_adds_the_residual_and_keeps_nan_rows_exact():
+    x, w, b, lin = _lin(9, 40, 24, "gelu")
+    r = torch.randn(9, 24)
+    x[4, 3] = float("nan")
+    with torch.inference_mode():
+        out, plain = lin(x, r), lin(x)
+    ok = torch.arange(9) != 4
+    assert torch.allclose(out[ok], plain[ok] + r[ok], atol=1e-6) and out[4].isnan().all()
+    x[4, 3] = float("inf")
+    with torch.inference_mode():
+        fixed = lin(x, r)[4]
+    # the row recomputed in fp32 (inf times weights of both signs: NaN, as fp32 gives), residual added
+    torch.testing.assert_close(fixed, F.gelu(F.linear(x[4:5], w, b))[0] + r[4], rtol=0, atol=0, equal_nan=True)
+
+
 def test_quantize_rows_round_trips():
     x = torch.randn(5, 33)
     q, s = quant.quantize_rows(x)

@@ -23,6 +23,11 @@ NNCF int8 measured min cos .89 on an AVX2 CPU without VNNI, .964 on Zen 5); each
 pooling with an fp32 sibling that passed 1e-6, and 0.15 still stops a broken run. An engine whose package is
 missing is skipped with the pip command. :func:`summary` prints the pivot: sentences/s per cell, the query's
 median ms, the lowest min_cos and, for btlib's rows, the GEMM path (:func:`gemm_path`).
+
+The process keeps freed memory (:func:`btlib.keep_freed_memory`, glibc's mallopt; isolated workers too), as
+btlib's own server and corpus embedder run: every engine here runs under it alike. It matters to whoever
+allocates large activations afresh per batch (torch, hence btlib); ONNX Runtime and OpenVINO reuse memory
+through their own arenas. The summary says whether it took effect.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from ..memory import freed_memory_kept, keep_freed_memory
 from ..precision import bf16_slow_reason
 from . import pretrained, rt_openvino, runtimes
 from .core import Benchmark, Provider, declare
@@ -72,6 +78,7 @@ def cell_texts(p: dict) -> tuple[list[str], int]:
 
 
 def _inputs(p: dict) -> dict:
+    keep_freed_memory()  # every engine in this process (and in an isolated worker, which makes its inputs here too)
     texts, batch_size = cell_texts(p)
     return {"texts": texts, "batch_size": batch_size}
 
@@ -114,7 +121,7 @@ def _cosines(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def _metrics(out: torch.Tensor, ref: torch.Tensor, x: dict) -> dict:
     return {"min_cos": float(_cosines(out, ref).min()), "max_diff": float((out.float() - ref).abs().max()),
-            "sentences": len(x["texts"])}
+            "sentences": len(x["texts"]), "freed_memory_kept": freed_memory_kept()}
 
 
 def _label(name: str) -> str:
@@ -152,7 +159,11 @@ def summary(rows: list[dict]) -> str:
     widths = [max(len(str(row[i])) for row in [head, *lines]) for i in range(len(head))]
     fmt = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"
     out = [fmt.format(*head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *[fmt.format(*line) for line in lines]]
-    return "\n".join(out + [f"- {n}" for n in notes])
+    kept = {r.get("freed_memory_kept") for r in rows if r["status"] == "ok"} - {None}
+    allocator = {frozenset({True}): "freed memory kept in every process (btlib.keep_freed_memory)",
+                 frozenset({False}): "freed memory returned to the OS (glibc's default: btlib.keep_freed_memory did not "
+                                     "take effect here)"}.get(frozenset(kept), "mixed: some rows kept freed memory, some not")
+    return "\n".join(out + [f"- {n}" for n in notes] + ([f"- allocator: {allocator}"] if kept else []))
 
 
 declare(Benchmark(

@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     from .app import bind, create_app
     from .batcher import BatchEncoder
 
+    from ..memory import keep_freed_memory
+
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # a server's batches reuse their activations' memory (btlib.memory; a no-op off glibc)
     model = load_pretrained(args.model)
     batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                            max_queue=args.max_queue, precision=args.precision)

@@ -7,6 +7,7 @@
     runnable() -> list      every build this CPU can execute ("portable" first), for the tests
     load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
     int8_module()           int8.cpp (btlib.quant's fused int8 passes) for isa(); int8_available() like available()
+    gemm_module()           gemm.cpp (btlib.gemm's own fp32 GEMM for few rows) for isa(); gemm_available() likewise
 
 Every load registers the ops' fake kernels (fake.py), so torch.compile traces them and
 torch.library.opcheck passes on each.
@@ -50,13 +51,14 @@ from .. import _build
 from .._build import Extension
 from . import fake
 
-__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "int8_module", "int8_available", "SOURCE", "HEADER",
-           "HEADERS", "INT8_SOURCE", "build_directory", "library_path"]
+__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
+           "gemm_available", "SOURCE", "HEADER", "HEADERS", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "attention.cpp"
 HEADER = HERE / "vec.h"
 INT8_SOURCE = HERE / "int8.cpp"  # btlib.quant's quantize / dequantize passes (a pybind11 module)
+GEMM_SOURCE = HERE / "gemm.cpp"  # btlib.gemm's "btlib" path: fp32 GEMM on pre-packed column panels (pybind11)
 HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h")]
 
 _FLAGS = {
@@ -88,6 +90,8 @@ _ext = Extension("C++ attention kernels",
                  "btlib.attention(backend='auto') now falls back to PyTorch's kernels; "
                  "backend='torch_sdpa' or 'reference' choose one explicitly.", _toolchain, about_s=30)
 _int8 = Extension("int8 helpers", "btlib.quant.Int8Linear runs the same arithmetic as torch ops (slower).",
+                  _no_compiler, about_s=20)
+_gemm = Extension("fp32 GEMM for few rows", "btlib.gemm measures and takes its other paths (oneDNN, F.linear).",
                   _no_compiler, about_s=20)
 
 
@@ -219,8 +223,38 @@ def int8_module():
     """
     isa_ = _checked_isa(None)
     flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *_FLAGS[isa_], *_thread_flags()]
-    return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE],
-                        sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()))
+    return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE, HEADER],
+                        sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()),
+                        extra_include_paths=[str(HERE)])
+
+
+def _gemm_name(isa_: str) -> str:
+    return f"btlib_gemm_{isa_}"
+
+
+def gemm_available() -> str | None:
+    """None if gemm.cpp (btlib.gemm's "btlib" path) can be built or is built for :func:`isa`; else why not."""
+    try:
+        isa_ = isa()
+    except ValueError as e:
+        return str(e)
+    return _gemm.available(_gemm_name(isa_))
+
+
+_gemm_loaded: list = []  # the module once loaded: asked at every "btlib"-path linear
+
+
+def gemm_module():
+    """gemm.cpp built for :func:`isa` (once per process, ~20 s on a cold cache): ``pack``, ``linear``,
+    ``panel_width``, ``max_rows``. Raises RuntimeError like :func:`load`, the failure remembered."""
+    if _gemm_loaded:
+        return _gemm_loaded[0]
+    isa_ = _checked_isa(None)
+    mod = _gemm.module(_gemm_name(isa_), detail=f"{GEMM_SOURCE.name}, {isa_}", depends=[GEMM_SOURCE, HEADER],
+                       sources=[str(GEMM_SOURCE)], extra_cflags=["-O3", *_FLAGS[isa_], *_thread_flags()],
+                       extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
+    _gemm_loaded.append(mod)
+    return mod
 
 
 def timed_load() -> tuple[str, float]:

@@ -50,6 +50,8 @@ inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vabs(vf a) { return _mm512_abs_ps(a); }
 inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
 inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
 // lanes outside [lo, hi) become `fill` (lo, hi may lie outside [0, W])
@@ -81,6 +83,8 @@ inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 inline float vhmax(vf a) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -125,6 +129,8 @@ inline vf vmul(vf a, vf b) { return vmulq_f32(a, b); }
 inline vf vadd(vf a, vf b) { return vaddq_f32(a, b); }
 inline vf vsub(vf a, vf b) { return vsubq_f32(a, b); }
 inline vf vmax(vf a, vf b) { return vmaxq_f32(a, b); }
+inline vf vdiv(vf a, vf b) { return vdivq_f32(a, b); }
+inline vf vabs(vf a) { return vabsq_f32(a); }
 inline float vhmax(vf a) { return vmaxvq_f32(a); }
 inline float vhsum(vf a) { return vaddvq_f32(a); }
 inline vf vkeep_range(vf x, int lo, int hi, float fill) {
@@ -157,10 +163,29 @@ inline vf vmul(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] *= b.v[i]; retur
 inline vf vadd(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] += b.v[i]; return a; }
 inline vf vsub(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] -= b.v[i]; return a; }
 inline vf vmax(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
+inline vf vdiv(vf a, vf b) { for (int i = 0; i < W; ++i) a.v[i] /= b.v[i]; return a; }
+inline vf vabs(vf a) { for (int i = 0; i < W; ++i) a.v[i] = std::fabs(a.v[i]); return a; }
 inline float vhmax(vf a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
 inline float vhsum(vf a) { float s = 0.0f; for (int i = 0; i < W; ++i) s += a.v[i]; return s; }
 inline vf vkeep_range(vf x, int lo, int hi, float fill) { for (int i = 0; i < W; ++i) if (i < lo || i >= hi) x.v[i] = fill; return x; }
 inline vf vexp2(vf x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp2(x.v[i]); return x; }
 #endif
+
+// GELU(x) = x (1 + erf(x / sqrt 2)) / 2 = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, with erfc(z) for z >= 0 by
+// Abramowitz & Stegun 7.1.26 (t = 1 / (1 + p z), a 5-term polynomial in t, times exp(-z^2); |error| < 1.5e-7),
+// the approximation torch's own vectorised erf uses. Written through erfc, a negative x loses no digits to
+// 1 + erf(x) ~ 0 (torch's fp32 F.gelu does, by up to ~2.5e-7 at x = -5). NaN stays NaN (x is max's second
+// operand); +-inf give NaN (inf * erfc(inf) = inf * 0), as F.gelu does on the CPU.
+inline vf vgelu(vf x) {
+  const vf ax = vabs(x), z = vmul(ax, vset1(0.70710678118654752f));
+  const vf t = vdiv(vset1(1.0f), vfma(vset1(0.3275911f), z, vset1(1.0f)));
+  vf poly = vset1(1.061405429f);
+  poly = vfma(poly, t, vset1(-1.453152027f));
+  poly = vfma(poly, t, vset1(1.421413741f));
+  poly = vfma(poly, t, vset1(-0.284496736f));
+  poly = vfma(poly, t, vset1(0.254829592f));
+  const vf e = vexp2(vmul(vmul(z, z), vset1(-1.4426950408889634f)));  // exp(-z^2) = 2^(-z^2 log2 e)
+  return vsub(vmax(vzero(), x), vmul(vmul(vset1(0.5f), ax), vmul(vmul(t, poly), e)));
+}
 
 }  // namespace btlib_vec
