@@ -12,14 +12,15 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
     python -m btlib.bench list | run NAME                benchmarks
 """
 
+from ._version import __version__
 from .attention import attention, varlen_attention
-from .device import PrecisionChoice, SlowPrecisionWarning, choose_precision
 from .fastpath import FastpathReport, explain_fastpath
 from .observe import ops_that_ran
 from .sdpa import ForcedRun, SDPAReport, explain_sdpa, run_forced, sdpa_ops
 from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
 from .memory import keep_freed_memory
 from .packed_encoder import PackedEncoder
+from .precision import PrecisionChoice, SlowPrecisionWarning, choose_precision
 from .pretrained import load_pretrained, to_hf_state_dict
 from .nested import nested_to_packed, nested_to_padded, packed_to_nested, padded_to_nested
 from .padding import (
@@ -33,7 +34,6 @@ from .padding import (
 )
 from .reference import reference_attention, reference_varlen_attention
 
-__version__ = "0.1.0"
 
 __all__ = [
     "choose_precision", "PrecisionChoice", "SlowPrecisionWarning",

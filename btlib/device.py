@@ -14,36 +14,31 @@
 
 One source for the machine: :func:`describe_machine` (a dict, in every benchmark row) and
 :func:`machine_line` (its text, here and in ``python -m btlib.bench summary``), both from
-:func:`btlib.hardware.machine`. bf16 is used only where it pays: :func:`choose_precision`
-picks it where it is native *and* measured faster; :func:`warn_if_slow_bf16` warns an explicit
-bf16 request where it is not. On a GPU the device line names it with its compute capability.
-Queries the GPU and measures the CPU only when called, never on import.
+:func:`btlib.hardware.machine`. The precision policy (bf16 only where it pays: ``choose_precision``,
+``warn_if_slow_bf16``, ``bf16_slow_reason``, SlowPrecisionWarning) is :mod:`btlib.precision`'s; its
+names are importable from here too, as notebooks and older code import them. On a GPU the device
+line names it with its compute capability. Queries the GPU and measures the CPU only when called,
+never on import.
 """
 
 from __future__ import annotations
 
 import platform
 import sys
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .hardware import Hardware, as_dict, machine
+from ._version import __version__
+from .gemm import forced_path
+from .hardware import as_dict, machine
+from .precision import (AUTO_MARGIN, PRECISIONS, PrecisionChoice, SlowPrecisionWarning, bf16_slow_reason, choose_precision,
+                        warn_if_slow_bf16)
+from .quick import quick_mode
 
 __all__ = ["describe_device", "describe_machine", "machine_line", "gemm_lines", "gpu_notes", "choose_precision", "PrecisionChoice",
            "warn_if_slow_bf16", "bf16_slow_reason", "SlowPrecisionWarning", "PRECISIONS", "AUTO_MARGIN"]
-
-PRECISIONS = ("auto", "fp32", "bf16")
-AUTO_MARGIN = 1.3  # "auto" takes bf16 only when its measured matmul rate beats fp32's by this much
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_warned: set[str] = set()
-
-
-class SlowPrecisionWarning(UserWarning):
-    """A precision was requested explicitly that this machine runs slower than fp32 (e.g. emulated bf16)."""
 
 
 def gpu_notes(major: int, minor: int) -> list[str]:
@@ -114,7 +109,7 @@ def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
     if not Ms:
         return []
     lines = [f"GEMM at the encoder's shapes, GFLOP/s at {' | '.join(map(str, Ms))} tokens (* the path btlib takes"
-             f"{'; BTLIB_GEMM=' + forced + ' forces it now' if (forced := _forced()) else ''}):"]
+             f"{'; BTLIB_GEMM=' + forced + ' forces it now' if (forced := forced_path()) else ''}):"]
     for precision, by_path in gemm.items():
         chosen = {M: _picked(picks.get(precision), M) for M in Ms}
         cells = [f"{path} " + " | ".join(f"{by_M[str(M)]:.3g}{'*' if chosen[M] == path else ''}" if str(M) in by_M else "-"
@@ -124,80 +119,11 @@ def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
     return lines
 
 
-def _forced() -> str | None:
-    from .gemm import forced_path
-
-    return forced_path()
-
-
 def _picked(ranges: list | None, M: int) -> str | None:
     for m_max, path in ranges or ():
         if m_max is None or M <= m_max:
             return path
     return None
-
-
-@dataclass(frozen=True)
-class PrecisionChoice:
-    """What precision="auto" (or an explicit precision) resolves to here, and why. ``print()`` it."""
-
-    precision: str       # "fp32" or "bf16"
-    reason: str
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return _DTYPES[self.precision]
-
-    def __str__(self) -> str:
-        return f"{self.precision}: {self.reason}"
-
-
-def choose_precision(precision: str = "auto", hw: Hardware | None = None, margin: float = AUTO_MARGIN) -> PrecisionChoice:
-    """Resolve "auto" | "fp32" | "bf16". "auto" is bf16 only where bf16 is native and measured > margin x fp32.
-
-    hw: the machine (default :func:`btlib.hardware.machine`, measured once); tests pass their own.
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
-    if precision != "auto":
-        return PrecisionChoice(precision, "asked for explicitly")
-    hw = hw or machine()
-    rates = f"the best GEMMs measured here run {hw.bf16_gflops:.3g} GFLOP/s in bf16 vs {hw.fp32_gflops:.0f} in fp32"
-    if not hw.bf16_native:
-        return PrecisionChoice("fp32", f"bf16 is not native on this CPU ({hw.bf16_why}); {rates}")
-    if hw.bf16_speedup <= margin:
-        return PrecisionChoice("fp32", f"bf16 is native but gains only {hw.bf16_speedup:.2g}x (<= {margin}x): {rates}")
-    return PrecisionChoice("bf16", f"bf16 is native and {hw.bf16_speedup:.2g}x fp32 (> {margin}x): {rates}")
-
-
-def bf16_slow_reason(hw: Hardware | None = None) -> str | None:
-    """None where bf16 is native and measured at least as fast as fp32; else why not (for a benchmark's skip)."""
-    hw = hw or machine()
-    if hw.bf16_native and hw.bf16_speedup >= 1.0:
-        return None
-    native = "native" if hw.bf16_native else f"not native ({hw.bf16_why})"
-    return (f"bf16 is {native} on this CPU: matmuls measured {hw.bf16_gflops:.3g} GFLOP/s bf16 vs {hw.fp32_gflops:.0f} fp32; "
-            "not timed (it runs, slowly, when asked for explicitly)")
-
-
-def warn_if_slow_bf16(what: str, hw: Hardware | None = None, stacklevel: int = 3) -> bool:
-    """Warn once per ``what`` (a SlowPrecisionWarning) if bf16 is not native here or measured slower than fp32.
-
-    The run goes on in bf16 (it was asked for); the warning names the measured rates and what to do.
-    Returns True if bf16 is slow here (whether or not this call warned).
-    """
-    hw = hw or machine()
-    if bf16_slow_reason(hw) is None:
-        return False
-    if what not in _warned:
-        _warned.add(what)
-        native = "native on this CPU" if hw.bf16_native else f"not native on this CPU ({hw.bf16_why})"
-        slower = f"{1 / hw.bf16_speedup:.0f}x slower" if hw.bf16_speedup < 1 else f"{hw.bf16_speedup:.2g}x fp32's rate"
-        warnings.warn(SlowPrecisionWarning(
-            f"{what}: bf16 is {native}; its bf16 matmuls measured {hw.bf16_gflops:.3g} GFLOP/s vs "
-            f"{hw.fp32_gflops:.0f} GFLOP/s in fp32 ({slower}, {hw.threads} threads). It runs as asked; where bf16 is "
-            "emulated, precision='fp32' is the fast choice, and precision='auto' picks what is fastest here."), stacklevel=stacklevel)
-    return True
 
 
 def describe_device(file=None) -> str:
@@ -206,11 +132,8 @@ def describe_device(file=None) -> str:
     Measures this CPU's GEMM paths the first time (~3 s, then cached on disk): the line says which
     path btlib takes per precision and token count, and how fast each path ran.
     """
-    import btlib
-    from .quick import quick_mode
-
     env = describe_machine()
-    lines = [f"btlib {btlib.__version__} from {Path(btlib.__file__).resolve().parents[1]}, "
+    lines = [f"btlib {__version__} from {Path(__file__).resolve().parents[1]}, "
              f"torch {torch.__version__}, Python {platform.python_version()}"]
     cpu = machine_line({**env, "gpu": None}, rates=False)
     lines.append(f"device: {cpu}" if env["gpu"] is None else f"device: GPU {env['gpu']} (and {cpu}); the GPU cells run")

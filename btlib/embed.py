@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .gemm import PATHS, forced_path, forcing, plan
+from .precision import ENCODE_PRECISIONS, check_precision, resolve_dtype
 
 __all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "main"]
 
@@ -106,6 +107,7 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
         raise ValueError(f"shard_size must be a positive int; got {shard_size!r}")
+    check_precision(precision, ENCODE_PRECISIONS)
     source, out = Path(source), Path(out)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is not a file")
@@ -129,7 +131,7 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     recorded = json.loads(meta.read_text()) if meta.is_file() else {}
     gemm, threads = recorded.get("gemm"), recorded.get("threads")
     if gemm not in PATHS or not isinstance(threads, int) or threads < 1:
-        gemm = gemm if gemm in PATHS else forced_path() or plan(torch.bfloat16 if precision == "bf16" else torch.float32)[-1][1]
+        gemm = gemm if gemm in PATHS else forced_path() or plan(resolve_dtype(None if precision == "int8" else precision))[-1][1]
         threads = torch.get_num_threads()
         _write_atomic(meta, lambda f: f.write(json.dumps({**settings, "gemm": gemm, "threads": threads}, indent=1).encode()))
     for stale in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shard
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--column", default="text", help="the text column (Parquet) or field (JSON lines)")
     p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2)")
     p.add_argument("--shard-size", type=int, default=1024, help="rows per shard: the most a killed run loses")
-    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "auto", "int8"])
+    p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS)
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)

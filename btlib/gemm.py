@@ -47,6 +47,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import sys
 import threading
 import weakref
 from typing import Iterator
@@ -55,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.compiler import is_compiling as _is_compiling  # dynamo reads it as True while tracing
+
+from . import gemm_measure, hardware
 
 __all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
            "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
@@ -190,10 +193,8 @@ def plan(dtype: torch.dtype) -> tuple[tuple[int | None, str], ...]:
         if forced is not None:
             got = ((None, forced),)
         else:
-            from .hardware import machine
-
             precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype)
-            picks = machine().gemm_pick.get(precision) if precision else None
+            picks = hardware.machine().gemm_pick.get(precision) if precision else None
             got = tuple((m, p) for m, p in picks) if picks else ((None, "torch"),)
         _plans[key] = got
     return got
@@ -325,3 +326,8 @@ def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: 
     zeros = torch.zeros(w_scale.shape, dtype=torch.int64)
     return torch.ops.onednn.qlinear_pointwise(qx, x_scale, x_zero_point, packed_w, w_scale, zeros, bias, 1.0, 0,
                                               torch.float32, "none", [], "")
+
+
+# btlib.hardware measures this module's paths and caches the picks that plan() reads; it sits below this
+# module, so it gets the measurement handed over here rather than importing it.
+hardware.use_gemm(lambda: gemm_measure.measure_paths(sys.modules[__name__]), lambda: _plans.clear())

@@ -13,18 +13,22 @@ is the winner at the nearer one (geometric midpoint); above the largest, the lar
 
 int8 is measured for the report only (int_mm and onednn_int8; GOP/s of integer multiply-adds,
 activation quantization not included): btlib.quant owns the int8 path.
+
+The paths come in as the ``gemm`` argument: btlib.gemm passes itself (through btlib.hardware.use_gemm),
+so this module imports nothing of btlib and sits below both the paths it times and the machine record
+(btlib.hardware) that caches what it measured. ``gemm`` needs linear(x, w, b, path=), path_available,
+PATHS, INT8_PATHS, int8_matmul, onednn_int8_pack and onednn_int8_linear.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from types import ModuleType
 from typing import Callable
 
 import torch
 from torch import Tensor
-
-from . import gemm
 
 __all__ = ["SHAPES", "TOKENS", "BUDGET_S", "measure_paths", "picks"]
 
@@ -35,7 +39,8 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _MAX_ROUNDS = 15
 
 
-def _float_calls(path: str, dtype: torch.dtype, M: int, weights: list[tuple[Tensor, Tensor]], g) -> list[Callable]:
+def _float_calls(gemm: ModuleType, path: str, dtype: torch.dtype, M: int, weights: list[tuple[Tensor, Tensor]],
+                 g) -> list[Callable]:
     calls = []
     for w, b in weights:
         x = torch.randn(M, w.shape[1], generator=g).to(dtype)
@@ -43,7 +48,7 @@ def _float_calls(path: str, dtype: torch.dtype, M: int, weights: list[tuple[Tens
     return calls
 
 
-def _int8_calls(path: str, M: int, weights: list[tuple[Tensor, Tensor]], g) -> list[Callable]:
+def _int8_calls(gemm: ModuleType, path: str, M: int, weights: list[tuple[Tensor, Tensor]], g) -> list[Callable]:
     calls = []
     for w, b in weights:
         N, K = w.shape
@@ -58,11 +63,11 @@ def _int8_calls(path: str, M: int, weights: list[tuple[Tensor, Tensor]], g) -> l
     return calls
 
 
-def _setup(precision: str, path: str, M: int, weights, g) -> list[Callable] | None:
+def _setup(gemm: ModuleType, precision: str, path: str, M: int, weights, g) -> list[Callable] | None:
     """The six GEMMs of ``path`` at M tokens, each run once (warm-up, packing); None if the path fails here."""
     try:
-        calls = _int8_calls(path, M, weights, g) if precision == "int8" else \
-            _float_calls(path, _DTYPES[precision], M, weights, g)
+        calls = _int8_calls(gemm, path, M, weights, g) if precision == "int8" else \
+            _float_calls(gemm, path, _DTYPES[precision], M, weights, g)
         for call in calls:
             call()
     except (RuntimeError, TypeError, ValueError):  # a private op missing its ISA or changed its schema
@@ -72,14 +77,15 @@ def _setup(precision: str, path: str, M: int, weights, g) -> list[Callable] | No
     return calls
 
 
-def _paths(precision: str) -> tuple[str, ...]:
+def _paths(gemm: ModuleType, precision: str) -> tuple[str, ...]:
     paths = gemm.INT8_PATHS if precision == "int8" else gemm.PATHS
     return tuple(p for p in paths if gemm.path_available(p, _DTYPES.get(precision, torch.float32)) is None)
 
 
-def measure_precision(precision: str, budget_s: float, tokens: tuple[int, ...] = TOKENS) -> dict[str, dict[int, float]]:
-    """{path: {M: GFLOP/s}} for one precision ("fp32", "bf16", "int8") within about ``budget_s`` seconds,
-    M growing through ``tokens``."""
+def measure_precision(gemm: ModuleType, precision: str, budget_s: float,
+                      tokens: tuple[int, ...] = TOKENS) -> dict[str, dict[int, float]]:
+    """{path: {M: GFLOP/s}} of ``gemm``'s paths (btlib.gemm) for one precision ("fp32", "bf16", "int8") within
+    about ``budget_s`` seconds, M growing through ``tokens``."""
     g = torch.Generator().manual_seed(0)  # a local generator: the global RNG stays untouched
     weights = [(torch.randn(N, K, generator=g).to(_DTYPES.get(precision, torch.float32)), torch.randn(N, generator=g))
                for K, N in SHAPES]
@@ -92,7 +98,7 @@ def measure_precision(precision: str, budget_s: float, tokens: tuple[int, ...] =
             left = budget_s - (time.perf_counter() - start)
             if i and last_round * (M / tokens[i - 1]) * 3 > left:  # warm-up + 2 rounds at the next size would not fit
                 break
-            calls = {p: c for p in _paths(precision) if (c := _setup(precision, p, M, weights, g)) is not None}
+            calls = {p: c for p in _paths(gemm, precision) if (c := _setup(gemm, precision, p, M, weights, g)) is not None}
             best = {p: [math.inf] * len(c) for p, c in calls.items()}
             t_M = time.perf_counter()
             for r in range(_MAX_ROUNDS):
@@ -127,8 +133,8 @@ def picks(rates: dict[str, dict[int, float]]) -> list[list]:
     return out
 
 
-def measure_paths(budget_s: dict[str, float] | None = None) -> dict:
-    """Every path's rates and the picks, as btlib.hardware caches them:
+def measure_paths(gemm: ModuleType, budget_s: dict[str, float] | None = None) -> dict:
+    """Every path of ``gemm`` (btlib.gemm) timed, and the picks, as btlib.hardware caches them:
 
     {"gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16": [[M_max, path], ...]},
      "fp32_gflops", "bf16_gflops": the best rate of that precision over every path and M,
@@ -137,7 +143,7 @@ def measure_paths(budget_s: dict[str, float] | None = None) -> dict:
     budget_s = {**BUDGET_S, **(budget_s or {})}
     out: dict = {"gemm": {}, "gemm_pick": {}}
     for precision, budget in budget_s.items():
-        rates = measure_precision(precision, budget)
+        rates = measure_precision(gemm, precision, budget)
         out["gemm"][precision] = {p: {str(M): r for M, r in by_M.items()} for p, by_M in rates.items()}
         if precision in _DTYPES:
             out["gemm_pick"][precision] = picks(rates) if rates else [[None, "torch"]]

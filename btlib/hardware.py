@@ -8,7 +8,7 @@
     [[None, 'onednn']]
 
 Facts (cheap, read from the OS): the CPU model, the build of btlib's C++ kernels it gets
-(:func:`btlib.kernels.cpu.build.isa`), and whether bf16 arithmetic is native:
+(:func:`isa`, which btlib.kernels.cpu.build compiles), and whether bf16 arithmetic is native:
 
     x86           avx512_bf16 or amx_bf16 among /proc/cpuinfo's flags
     Linux aarch64 bf16 among /proc/cpuinfo's Features
@@ -24,10 +24,14 @@ Rates (measured once, ~3 s, on first use, never at import): every GEMM path of
 at torch's current thread count. ``gemm`` holds every path's rate, ``gemm_pick`` the path
 btlib.gemm.linear takes per token count, and ``fp32_gflops`` / ``bf16_gflops`` the best rate of
 that precision over every path: the yardstick for "bound", "ideal" and the bf16 factor, so that
-a kernel is compared with the fastest GEMM this machine has, never a slow library's. They are
-cached in this process and on disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/;
-else nowhere) as btlib_hardware.json, keyed by CPU model, flags, torch version, threads and the
-variables that restrict torch's ISA (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ...).
+a kernel is compared with the fastest GEMM this machine has, never a slow library's. This module
+sits below btlib.gemm and imports nothing above it: btlib.gemm hands over how to time its paths
+when it is imported (:func:`use_gemm`; ``import btlib`` imports it), and reads its choice back
+from :func:`machine`. torch._int_mm's own rate (:func:`int8_gemm_gflops`, btlib.quant's int8
+path) is measured here too, once per process. The GEMM rates are cached in this process and on
+disk in ``$TORCH_EXTENSIONS_DIR`` (else the checkout's build/; else nowhere) as btlib_hardware.json
+(:mod:`btlib.hardware_cache`), keyed by CPU model, flags, torch version, threads and the variables
+that restrict torch's ISA (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ...).
 Only a measurement whose fp32 run reached the largest size goes to disk: fp32 that stops early
 means the CPU was busy with other work (or is very slow), and a rate measured then would be
 reused for good. A cache that is corrupt, of the wrong shape or holds rates that are not finite
@@ -36,28 +40,29 @@ and >= 0 is measured again and rewritten (one warning). ``machine(refresh=True)`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
-import math
 import os
 import platform
 import subprocess
-import tempfile
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file"]
+from .gemm_measure import TOKENS
+from .hardware_cache import FIELDS, read_cache, write_cache
+
+__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file", "isa", "runnable",
+           "ISAS", "use_gemm", "int8_gemm_gflops"]
 
 _VERSION = 3  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp)
-_FIELDS = ("fp32_gflops", "bf16_gflops", "fp32_n", "bf16_n", "gemm", "gemm_pick")
-PATHS = ("torch", "onednn", "btlib")  # btlib.gemm.PATHS, spelled here so that reading the cache imports nothing
 _memo: dict[str, "Hardware"] = {}
 _warned: set[str] = set()
+_gemm: dict[str, Callable] = {}  # "measure", "forget": handed over by btlib.gemm at its import (use_gemm)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,38 @@ def bf16_native() -> tuple[bool, str]:
     return False, f"no bf16 detection for {platform.system()} {platform.machine()}"
 
 
+# The builds of btlib's C++ kernels (btlib.kernels.cpu.build holds each one's compiler flags), and the
+# /proc/cpuinfo flags each x86 build needs to run.
+ISAS = ("avx512bf16", "avx512", "avx2", "neon", "portable")
+_X86 = {"avx512bf16": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16"},
+        "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"}}
+
+
+def _arm() -> bool:
+    return platform.machine().lower() in ("arm64", "aarch64")
+
+
+def runnable() -> list[str]:
+    """Every build of btlib's C++ kernels this CPU can execute, most portable first (the native one last)."""
+    if _arm():
+        return ["portable", "neon"]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ["portable"]
+    flags = cpu_flags()
+    return ["portable"] + [name for name in ("avx2", "avx512", "avx512bf16") if _X86[name] <= flags]
+
+
+@functools.lru_cache(maxsize=None)
+def isa() -> str:
+    """The build the registered kernels use: $BTLIB_CPU_ISA, else the best one this CPU runs."""
+    forced = os.environ.get("BTLIB_CPU_ISA", "").lower()
+    if forced:
+        if forced not in ISAS:
+            raise ValueError(f"BTLIB_CPU_ISA must be one of {', '.join(ISAS)}; got {forced!r}")
+        return forced
+    return runnable()[-1]
+
+
 def cache_file() -> Path | None:
     """$TORCH_EXTENSIONS_DIR/btlib_hardware.json, else <checkout>/build/btlib_hardware.json, else None."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
@@ -173,82 +210,6 @@ def _key(threads: int) -> str:
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
-def _bad_rate(value) -> bool:
-    return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-
-
-def _problem(entry) -> str | None:
-    """Why a cached entry cannot be trusted (None: it can): wrong shape, missing keys, rates not finite and >= 0."""
-    if not isinstance(entry, dict):
-        return f"an entry is a {type(entry).__name__}, not an object"
-    missing = sorted(set(_FIELDS) - set(entry))
-    if missing:
-        return f"an entry lacks {', '.join(missing)}"
-    for name in ("fp32_gflops", "bf16_gflops"):
-        if _bad_rate(entry[name]) or (name == "fp32_gflops" and entry[name] == 0):
-            return f"{name} is {entry[name]!r}, not a positive finite rate"
-    for name in ("fp32_n", "bf16_n"):
-        if isinstance(entry[name], bool) or not isinstance(entry[name], int) or entry[name] < 0:
-            return f"{name} is {entry[name]!r}, not a size"
-    gemm, pick = entry["gemm"], entry["gemm_pick"]
-    if not isinstance(gemm, dict) or not all(isinstance(by_path, dict) and all(
-            isinstance(by_M, dict) and all(isinstance(M, str) and M.isdigit() and not _bad_rate(r) for M, r in by_M.items())
-            for by_M in by_path.values()) for by_path in gemm.values()):
-        return "gemm is not {precision: {path: {M: rate >= 0}}}"
-    if not isinstance(pick, dict) or not all(isinstance(ranges, list) and ranges and all(
-            isinstance(r, list) and len(r) == 2 and (r[0] is None or (type(r[0]) is int and r[0] > 0)) and r[1] in PATHS
-            for r in ranges) and ranges[-1][0] is None for ranges in pick.values()):
-        return f"gemm_pick is not {{precision: [[M_max, path in {PATHS}], ..., [None, path]]}}"
-    return None
-
-
-def _read_cache(path: Path | None, key: str) -> tuple[dict | None, str | None]:
-    """(the entry for key or None, why the file or that entry cannot be used or None)."""
-    if path is None or not path.is_file():
-        return None, None
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return None, f"it is not readable JSON ({type(e).__name__})"
-    if not isinstance(entries, dict):
-        return None, f"it holds a JSON {type(entries).__name__}, not an object"
-    if key not in entries:
-        return None, None
-    problem = _problem(entries[key])
-    return (None, problem) if problem else (entries[key], None)
-
-
-def _write_cache(path: Path | None, key: str, rates: dict) -> None:
-    """Add key -> rates to the cache file atomically (a temp file beside it, then os.replace).
-
-    Entries the file already holds for other keys are kept; a file that is not a JSON object is
-    replaced. Nothing is left behind when writing fails (read-only checkout, the path a directory):
-    the rates then stay cached in this process only.
-    """
-    if path is None:
-        return
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        entries = {}
-    entries = entries if isinstance(entries, dict) else {}
-    entries[key] = rates
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=1)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
 def _warn_once(path: Path, problem: str) -> None:
     if str(path) not in _warned:
         _warned.add(str(path))
@@ -263,10 +224,6 @@ def machine(*, refresh: bool = False) -> Hardware:
     of the wrong shape or holds rates that are not finite and >= 0 is measured again and rewritten
     (with one warning per file).
     """
-    from . import gemm
-    from .gemm_measure import TOKENS
-    from .kernels.cpu.build import isa  # cheap: reads /proc/cpuinfo, never compiles
-
     threads = torch.get_num_threads()
     native, why = bf16_native()
     key = _key(threads)
@@ -274,26 +231,55 @@ def machine(*, refresh: bool = False) -> Hardware:
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
     path = cache_file()
-    rates, problem = (None, None) if refresh else _read_cache(path, key)
+    rates, problem = (None, None) if refresh else read_cache(path, key)
     if problem:
         _warn_once(path, problem)
     if rates is None:
         rates = measure_rates()
         if rates["fp32_n"] == TOKENS[-1]:  # else kept for this process only (see the module docstring)
-            _write_cache(path, key, rates)
+            write_cache(path, key, rates)
     hw = Hardware(cpu=cpu_name(), arch=platform.machine(), cores=os.cpu_count() or 1, threads=threads,
                   torch=torch.__version__, torch_capability=torch.backends.cpu.get_cpu_capability(), isa=isa(),
-                  bf16_native=native, bf16_why=why, **{k: rates[k] for k in _FIELDS})
+                  bf16_native=native, bf16_why=why, **{k: rates[k] for k in FIELDS})
     _memo[memo_key] = hw
-    gemm._plans.clear()  # the GEMM choice follows the newest measurement
+    if "forget" in _gemm:
+        _gemm["forget"]()  # btlib.gemm's choice follows the newest measurement
     return hw
 
 
-def measure_rates() -> dict:
-    """A fresh measurement of every GEMM path (btlib.gemm_measure.measure_paths, ~3 s), in the cache's shape."""
-    from .gemm_measure import measure_paths
+def use_gemm(measure: Callable[[], dict], forget: Callable[[], None]) -> None:
+    """What btlib.gemm hands over when imported: ``measure()`` times its paths (btlib.gemm_measure.measure_paths
+    on them, the cache's shape), ``forget()`` drops the GEMM choice it derived from an older :func:`machine`."""
+    _gemm.update(measure=measure, forget=forget)
 
-    return measure_paths()
+
+def measure_rates() -> dict:
+    """A fresh measurement of every GEMM path of btlib.gemm (btlib.gemm_measure.measure_paths, ~3 s), in the cache's shape."""
+    if "measure" not in _gemm:
+        raise RuntimeError("btlib.hardware measures btlib.gemm's GEMM paths, and btlib.gemm is not imported yet: "
+                           "import btlib (or btlib.gemm) first")
+    return _gemm["measure"]()
+
+
+@functools.lru_cache(maxsize=8)
+def _int8_rate(threads: int, budget_s: float) -> float:
+    g = torch.Generator().manual_seed(0)
+    best, deadline = 0.0, time.perf_counter() + budget_s
+    for n in (256, 512, 1024):
+        a, b = (torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8) for _ in range(2))
+        torch._int_mm(a, b)  # warm-up
+        for _ in range(5):
+            t0 = time.perf_counter()
+            torch._int_mm(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+            if time.perf_counter() > deadline:
+                return best
+    return best
+
+
+def int8_gemm_gflops(budget_s: float = 0.5) -> float:
+    """Best GOP/s of (n, n) int8 @ (n, n) int8 -> int32 with torch._int_mm at torch's thread count (measured once)."""
+    return _int8_rate(torch.get_num_threads(), budget_s)
 
 
 def as_dict(hw: Hardware) -> dict:

@@ -35,7 +35,7 @@ trace in one graph: packing reads the lengths, so the shapes depend on data. The
 (btlib.quant) does not trace either. tests/test_compile.py checks what traces against eager.
 
 Precision: the module's own dtype by default; ``precision="auto"`` takes bf16 only where this
-CPU runs it natively and measured faster (btlib.device.choose_precision); an explicit bf16
+CPU runs it natively and measured faster (btlib.precision.choose_precision); an explicit bf16
 (``precision="bf16"`` or ``dtype=torch.bfloat16``) runs, and warns once where bf16 is slow.
 """
 
@@ -52,6 +52,7 @@ from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
 from .padding import _pack, _unpack, check_cu_seqlens, check_cu_seqlens_layout, check_lengths, padding_mask_to_lengths
+from .precision import choose_precision, warn_if_slow_bf16
 
 __all__ = ["PackedEncoder"]
 
@@ -145,18 +146,16 @@ class PackedEncoder(nn.Module):
 
         precision: None (default) runs in the module's own dtype; "auto" picks bf16 only where this
         CPU runs bf16 natively and its matmuls measured > 1.3x fp32's rate, else fp32
-        (btlib.device.choose_precision; the choice and why are in ``.precision``); "fp32" / "bf16" choose.
+        (btlib.precision.choose_precision; the choice and why are in ``.precision``); "fp32" / "bf16" choose.
         dtype: an explicit dtype instead (e.g. torch.bfloat16); give dtype or precision, not both.
         A dtype other than the module's *copies* and converts the weights (the original is untouched);
         inputs are cast to it and outputs cast back. An explicit bf16 where bf16 is not native (or
-        measured slower than fp32) runs, and warns once (btlib.device.SlowPrecisionWarning) with the rates.
+        measured slower than fp32) runs, and warns once (btlib.precision.SlowPrecisionWarning) with the rates.
 
         Raises ValueError/TypeError, naming the option, for what it would not run exactly as PyTorch's
         forward does: separate k/v dimensions, add_bias_kv, add_zero_attn, layers or attention modules
         whose forward is overridden, layers that disagree on batch_first.
         """
-        from .device import choose_precision, warn_if_slow_bf16
-
         if isinstance(encoder, nn.TransformerEncoderLayer):
             layers, norm = nn.ModuleList([encoder]), None
         elif isinstance(encoder, nn.TransformerEncoder):

@@ -40,7 +40,6 @@ PackedEncoder trace (btlib/kernels/cpu/fake.py).
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 
 import torch
@@ -48,9 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import varlen_attention
-from .device import SlowPrecisionWarning
+from .hardware import int8_gemm_gflops  # measured there, with the other rates; named here as before
 from .packed_encoder import PackedEncoder
 from .padding import check_int
+from .precision import int8_slow_reason, warn_if_slow_int8  # the precision policy's; named here as before
 
 __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kernels", "int8_gemm_gflops", "int8_slow_reason",
            "warn_if_slow_int8", "LINEARS"]
@@ -265,47 +265,3 @@ def _fused_activation(layer: nn.TransformerEncoderLayer) -> str | None:
     from .packed_encoder import _fused_kind
 
     return _fused_kind(layer)
-
-
-@functools.lru_cache(maxsize=8)
-def _int8_rate(threads: int, budget_s: float) -> float:
-    g = torch.Generator().manual_seed(0)
-    best, deadline = 0.0, time.perf_counter() + budget_s
-    for n in (256, 512, 1024):
-        a, b = (torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8) for _ in range(2))
-        torch._int_mm(a, b)  # warm-up
-        for _ in range(5):
-            t0 = time.perf_counter()
-            torch._int_mm(a, b)
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
-            if time.perf_counter() > deadline:
-                return best
-    return best
-
-
-def int8_gemm_gflops(budget_s: float = 0.5) -> float:
-    """Best GOP/s of (n, n) int8 @ (n, n) int8 -> int32 with torch._int_mm at torch's thread count (measured once)."""
-    return _int8_rate(torch.get_num_threads(), budget_s)
-
-
-def int8_slow_reason(margin: float = 1.0) -> str | None:
-    """None where torch._int_mm measured above ``margin`` x this machine's fp32 matmul rate; else why int8 does not pay."""
-    from .hardware import machine
-
-    fp32, int8 = machine().fp32_gflops, int8_gemm_gflops()
-    if int8 > margin * fp32:
-        return None
-    return (f"int8 matmuls (torch._int_mm) measured {int8:.0f} GOP/s vs {fp32:.0f} GFLOP/s fp32 on this CPU "
-            "(no fast int8 dot products, e.g. AVX-512 VNNI / AVX-VNNI / Arm i8mm): int8 is not faster here")
-
-
-def warn_if_slow_int8(what: str, stacklevel: int = 3) -> bool:
-    """Warn once per ``what`` (a SlowPrecisionWarning) where int8 matmuls are not faster than fp32; True if slow."""
-    why = int8_slow_reason()
-    if why is None:
-        return False
-    if what not in _warned:
-        _warned.add(what)
-        warnings.warn(SlowPrecisionWarning(f"{what}: {why}. It runs as asked; precision='fp32' or 'auto' is faster here."),
-                      stacklevel=stacklevel)
-    return True

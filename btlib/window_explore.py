@@ -54,7 +54,7 @@ class WindowExplorer:
 
     def run_point(self, w: int, L: int) -> WindowPoint:
         """Check, then time, window (w, w) against no window on one (L, H, D) fp32 document."""
-        from . import varlen_attention
+        from .attention import varlen_attention
         from .padding import INT32_MAX, check_int
 
         w, L = check_int(w, "w"), check_int(L, "L", low=1, high=INT32_MAX)

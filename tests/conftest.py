@@ -19,6 +19,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def fresh_warnings():
+    """btlib's slow-precision warnings (each given once per process, btlib.precision) may be given again in this test."""
+    from btlib import precision
+
+    precision.forget_warnings()
+    yield
+    precision.forget_warnings()
+
+
 @pytest.fixture(autouse=True)
 def _no_saved_rows(monkeypatch):
     """Unit tests run benchmarks too; only the notebooks' rows belong in `make test`'s summary."""

@@ -18,11 +18,10 @@ EMULATED = {"bf16_native": False, "bf16_why": "no avx512_bf16 or amx_bf16 on thi
 
 
 @pytest.fixture
-def fresh(monkeypatch, tmp_path):
+def fresh(monkeypatch, tmp_path, fresh_warnings):
     """No in-process or on-disk rates from before; warnings not yet given; the disk cache in tmp_path."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(hardware, "_memo", {})
-    monkeypatch.setattr(device, "_warned", set())
     return tmp_path
 
 
@@ -117,15 +116,15 @@ def test_a_write_keeps_other_machines_entries(fresh, monkeypatch):
 def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     import time
 
-    from btlib import gemm_measure
+    from btlib import gemm, gemm_measure, hardware_cache
 
     t0 = time.perf_counter()
-    out = gemm_measure.measure_paths({"fp32": 0.3, "bf16": 0.2, "int8": 0.1})
+    out = gemm_measure.measure_paths(gemm, {"fp32": 0.3, "bf16": 0.2, "int8": 0.1})
     assert time.perf_counter() - t0 < 8  # budgets 0.6 s + one round past a box on a busy CPU
     fp32 = out["gemm"]["fp32"]
     assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
     assert out["fp32_gflops"] == max(r for by_M in fp32.values() for r in by_M.values())
-    assert out["gemm_pick"]["fp32"][-1][0] is None and hardware._problem(out) is None
+    assert out["gemm_pick"]["fp32"][-1][0] is None and hardware_cache.problem(out) is None
     assert gemm_measure.picks({"torch": {12: 50.0, 128: 150.0, 1024: 180.0}, "onednn": {12: 100.0, 128: 140.0}}) == \
         [[39, "onednn"], [None, "torch"]]
     assert gemm_measure.picks({"torch": {12: 5.0, 1024: 9.0}, "onednn": {12: 6.0, 1024: 10.0}}) == [[None, "onednn"]]
@@ -212,12 +211,11 @@ def test_bf16_benchmark_providers_skip_where_bf16_is_slow(fresh, monkeypatch):
     assert (enc.available() is None) == (device.bf16_slow_reason() is None)
 
 
-def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch):
+def test_cpu_kernel_warns_once_for_bf16_without_bf16_dot(monkeypatch, fresh_warnings):
     """bf16 into the C++ kernels on a build without vdpbf16ps: runs (converted to fp32), warns once, says so."""
     if btlib.kernels.get("cpu_flash_v3").available():
         pytest.skip("no C++ compiler")
     monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
-    monkeypatch.setattr(device, "_warned", set())
     q = torch.randn(1, 2, 9, 16).bfloat16()
     with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -236,3 +234,25 @@ def test_rates_measured_with_torch_restricted_are_kept_apart(monkeypatch):
     plain = hardware._key(2)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert hardware._key(2) != plain
+
+
+def test_every_isa_hardware_detects_has_build_flags():
+    """btlib.hardware names the builds (ISA detection with the other CPU facts); btlib.kernels.cpu.build compiles them."""
+    from btlib.kernels.cpu import build
+
+    assert set(build._FLAGS) == set(hardware.ISAS) and build.isa is hardware.isa
+    assert hardware.runnable()[0] == "portable" and set(hardware.runnable()) <= set(hardware.ISAS)
+
+
+def test_gemm_measures_through_hardware_and_follows_a_new_measurement(fresh, monkeypatch):
+    """btlib.gemm hands hardware its measurement (hardware imports nothing above it); plan() reads the picks, and
+    a new measurement drops the plan derived from the old one."""
+    from btlib import gemm
+
+    monkeypatch.delenv("BTLIB_GEMM", raising=False)
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(hardware, "measure_rates", lambda: rates())
+    assert gemm.plan(torch.float32) == ((111, "onednn"), (None, "torch"))
+    monkeypatch.setattr(hardware, "measure_rates", lambda: {**rates(), "gemm_pick": {"fp32": [[None, "onednn"]]}})
+    hardware.machine(refresh=True)
+    assert gemm.plan(torch.float32) == ((None, "onednn"),)

@@ -296,9 +296,8 @@ def test_bf16_error_is_within_twice_transformers_own(folder):
     assert torch.equal(auto, model.encode(texts, precision=device.choose_precision().precision))
 
 
-def test_bf16_on_a_non_native_cpu_warns_once(folder, monkeypatch):
+def test_bf16_on_a_non_native_cpu_warns_once(folder, monkeypatch, fresh_warnings):
     monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
-    monkeypatch.setattr(device, "_warned", set())
     monkeypatch.setattr(hardware, "_memo", {})
     model = load_pretrained(folder[0])
     with pytest.warns(device.SlowPrecisionWarning, match=r"ModernBertEncoder.encode in bf16: bf16 is not native") as got:

@@ -285,3 +285,10 @@ def test_make_test_adds_only_test_tools_and_the_corpus_extra_to_make_setup():
     assert dev == {"openai", "nbval", "pytest", "hypothesis", "playwright", "uv"}
     assert [d for d in _extras()["dev"] if d.startswith("btlib")] == ["btlib[lab,scale]"]
     assert not install_closure("lab") & {"ray", "nbval", "pytest", "openai"}, "make setup installs what only make test needs"
+
+
+def test_version_is_pyprojects():
+    """btlib.__version__ (btlib/_version.py, importable from every layer) is pyproject.toml's version."""
+    import btlib
+
+    assert btlib.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

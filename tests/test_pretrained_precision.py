@@ -40,9 +40,8 @@ def test_precisions_agree_with_the_reference(model):
     assert torch.equal(model.encode(sentences, precision="bf16"), model.encode(sentences, path="packed_bf16"))
 
 
-def test_bf16_on_a_non_native_cpu_warns_once_and_auto_is_fp32(model, monkeypatch, tmp_path):
+def test_bf16_on_a_non_native_cpu_warns_once_and_auto_is_fp32(model, monkeypatch, tmp_path, fresh_warnings):
     monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")
-    monkeypatch.setattr(device, "_warned", set())
     monkeypatch.setattr(hardware, "_memo", {})
     with pytest.warns(device.SlowPrecisionWarning, match=r"PretrainedEncoder.encode in bf16: bf16 is not native.*GFLOP/s") as got:
         model.encode(["a", "b"], path="packed_bf16")

@@ -19,8 +19,10 @@ same inputs, interleaved in time.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -30,9 +32,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..device import describe_machine  # one source for the machine: btlib.device / btlib.hardware
+from ..hardware import int8_gemm_gflops
 from ..quick import quick_mode
 
-__all__ = ["Provider", "Benchmark", "run", "run_rounds", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare"]
+__all__ = ["Provider", "Benchmark", "run", "run_rounds", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare",
+           "load_all"]
 
 
 def results_dir() -> Path | None:
@@ -53,7 +57,7 @@ class Provider:
     first call, torch's small parallel ops in that process ran up to ~15x slower for the rest of it
     (a 13 x 384 layer_norm 4.8 -> 70 us; one query's encode 5.0 -> 9.5 ms, on a 2-core Xeon).
     precision: whose measured matmul rate bounds it ("fp32", "bf16" or "int8"): a row's ``of_bound``
-    is its useful GFLOP/s over that rate (btlib.hardware.machine(); int8: btlib.quant.int8_gemm_gflops()).
+    is its useful GFLOP/s over that rate (btlib.hardware.machine(); int8: btlib.hardware.int8_gemm_gflops()).
     """
 
     name: str
@@ -106,6 +110,17 @@ def declare(bench: Benchmark) -> Benchmark:
     """Register a benchmark under its name (for ``python -m btlib.bench``)."""
     BENCHMARKS[bench.name] = bench
     return bench
+
+
+_HARNESS = {"core", "report", "memory", "verdict", "__main__"}  # the modules of btlib.bench that declare nothing
+
+
+def load_all() -> dict[str, Benchmark]:
+    """Import every benchmark declaration module in btlib.bench; returns name -> Benchmark."""
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name not in _HARNESS:
+            importlib.import_module(f"{__package__}.{info.name}")
+    return BENCHMARKS
 
 
 def _sync(device: str) -> None:
@@ -245,10 +260,6 @@ def _isolated_row(bench: Benchmark, pr: Provider, x: Any, params: dict, quick: b
 def _run_one(name: str, provider: str, x: Any, params: dict, quick: bool, threads: int, timing: dict,
              module: str | None = None) -> dict:
     """In a worker process: the row of one declared benchmark's ``provider`` at ``x``, by :func:`run`."""
-    import importlib
-
-    from . import load_all
-
     declared = load_all().get(name)
     if declared is None and module:
         importlib.import_module(module)  # declares it
@@ -290,9 +301,7 @@ def run_rounds(bench: Benchmark, rounds: int = 3, **kwargs) -> list[dict]:
 
 def _bound(precision: str, env: dict) -> float | None:
     """This machine's best measured GEMM GFLOP/s (GOP/s for int8) in ``precision``: the rate a provider can at best reach."""
-    if precision == "int8":  # the fastest int8 GEMM measured here: btlib.quant's own, or a path of btlib.gemm_measure
-        from ..quant import int8_gemm_gflops
-
+    if precision == "int8":  # the fastest int8 GEMM measured here: torch._int_mm (btlib.quant's), or a path of btlib.gemm_measure
         paths = [r for by_M in (env.get("gemm") or {}).get("int8", {}).values() for r in by_M.values()]
         return max([int8_gemm_gflops(), *paths])
     return env.get(f"{precision}_gflops")  # the best GEMM rate of that precision over every path (btlib.hardware)

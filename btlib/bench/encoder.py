@@ -9,7 +9,7 @@ Providers (one encoder, shared weights, eval mode under torch.inference_mode):
   real tokens with btlib's varlen attention, unpack once. ``btlib_packed_bf16``: the same in
   bf16 (weights copied), checked to 5e-2 relative (bf16 keeps 8 bits of mantissa; the
   notebook checks cosine similarity >= 0.999 per token as well); skipped, with the measured
-  rates, where this CPU's bf16 is not native or slower than fp32 (btlib.device.bf16_slow_reason).
+  rates, where this CPU's bf16 is not native or slower than fp32 (btlib.precision.bf16_slow_reason).
 - ``ideal`` (unchecked yardstick): the fastpath on a batch with the same number of real tokens
   and no padding, B sequences of length round((1 - p) T). What skipping padding could reach.
   ``ideal_packed``: the same batch through btlib.PackedEncoder: btlib's own ideal. A path's share of
@@ -35,7 +35,7 @@ from ..lengths import batch_lengths, encoder_flops
 from ..models import BERT_BASE, TINY, EncoderConfig, WordTokenizer, XLMRClassifier, XLMRConfig, cached_encoder, dense_twin
 from ..models.xlmr import XLMR_BASE_CONFIG, XLMR_LARGE_CONFIG
 from ..padding import lengths_to_padding_mask, pack
-from ..device import bf16_slow_reason
+from ..precision import bf16_slow_reason
 from ..observe import run_slow
 from ..packed_encoder import PackedEncoder
 from ..paths import data_file

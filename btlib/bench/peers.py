@@ -37,11 +37,11 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ..device import bf16_slow_reason
-from ..hardware import bf16_native
-from . import pretrained, rt_ctranslate2, rt_fastembed, rt_openvino, runtimes
 from ..memory import freed_memory_kept, keep_freed_memory
+from ..precision import bf16_slow_reason
+from . import pretrained, rt_openvino, runtimes
 from .core import Benchmark, Provider, declare
+from .pretrained import _ids, _needs, peer_providers
 
 __all__ = ["QUERY", "CELLS", "FP32_TOL", "LOW_TOL", "gemm_path", "cell_texts", "peer_providers", "summary"]
 
@@ -87,68 +87,12 @@ def _btlib(precision: str):
     return lambda x: pretrained._model().encode(x["texts"], batch_size=x["batch_size"], precision=precision)
 
 
-def _ids(x: dict) -> tuple[list[list[int]], int]:
-    m = pretrained._model()
-    return m.tokenize(x["texts"]), m.spec.pad_token_id
-
-
 def _ort(variant: str):
     def fn(x):
         ids, pad = _ids(x)
         return runtimes.ort_encode(runtimes.ort_session(runtimes.onnx_model(pretrained._folder(), variant)), ids,
                                    x["batch_size"], sort=True, pad_id=pad)
     return fn
-
-
-def _ov(variant: str, hint: str | None):
-    def fn(x):
-        ids, pad = _ids(x)
-        compiled = rt_openvino.ov_compiled(rt_openvino.ov_model(pretrained._folder(), variant), hint)
-        return rt_openvino.ov_encode(compiled, ids, x["batch_size"], sort=True, pad_id=pad)
-    return fn
-
-
-def _ct2(compute_type: str):
-    def fn(x):
-        ids, pad = _ids(x)
-        encoder = rt_ctranslate2.ct2_encoder(rt_ctranslate2.ct2_model(pretrained._folder()), compute_type)
-        return rt_ctranslate2.ct2_encode(encoder, ids, x["batch_size"], sort=True, pad_id=pad)
-    return fn
-
-
-def _fastembed(x):
-    model = rt_fastembed.fastembed_model(pretrained._folder(), pretrained._model().max_length)
-    return rt_fastembed.fastembed_encode(model, x["texts"], x["batch_size"])
-
-
-def _needs(*checks):
-    """available(): the first reason among pretrained's model check and ``checks`` (each () -> str | None)."""
-    return lambda: next((why for why in (pretrained._available(), *(c() for c in checks)) if why), None)
-
-
-def peer_providers(low_tol: float) -> list[Provider]:
-    """The engines beyond ONNX Runtime (OpenVINO, CTranslate2, fastembed), in the order of the issue-21 table.
-
-    low_tol: the tolerance of the rows that may leave fp32 (OpenVINO's default picks bf16 where the CPU has
-    it; the int8 rows), in the calling benchmark's error measure. ``precision`` names the matmul rate that
-    bounds each row: weight-only int8 computes in OpenVINO's default precision, only its weights are int8.
-    """
-    hf, ov, ov8, ct2 = pretrained._hf_available, rt_openvino.openvino_available, rt_openvino.nncf_available, rt_ctranslate2.ct2_available
-    ov_default = "bf16" if bf16_native()[0] else "fp32"  # OpenVINO's CPU default is bf16 exactly where btlib calls it native
-    return [
-        Provider("ov_fp32", _ov("fp32", "f32"), available=_needs(ov, hf), label="OpenVINO fp32 (INFERENCE_PRECISION_HINT=f32)"),
-        Provider("ct2_fp32", _ct2("float32"), available=_needs(ct2, hf), label="CTranslate2 fp32", isolated=True),
-        Provider("fastembed", _fastembed, available=_needs(rt_fastembed.fastembed_available, hf),
-                 label="fastembed (ONNX Runtime inside)"),
-        Provider("ov_default", _ov("fp32", None), available=_needs(ov, hf), tol=low_tol, precision=ov_default,
-                 label="OpenVINO default precision"),
-        Provider("ov_int8_weights", _ov("int8_weights", None), available=_needs(ov8, hf), tol=low_tol, precision=ov_default,
-                 label="OpenVINO weight-only int8 (NNCF)"),
-        Provider("ov_int8_nncf", _ov("int8_nncf", None), available=_needs(ov8, hf), tol=low_tol, precision="int8",
-                 label="OpenVINO NNCF full int8"),
-        Provider("ct2_int8", _ct2("int8"), available=_needs(ct2, hf), tol=low_tol, precision="int8", label="CTranslate2 int8",
-                 isolated=True),
-    ]
 
 
 def _providers() -> list[Provider]:

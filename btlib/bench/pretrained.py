@@ -11,7 +11,7 @@ user's encode() costs):
     slow, fastpath, fastpath_nested   PyTorch's nn.TransformerEncoder paths on btlib's modules, padded
     packed, packed_bf16, packed_int8  btlib's padding-free encode(), fp32 / bf16 / int8 (btlib.quant)
     ov_fp32, ov_default, ov_int8_weights, ov_int8_nncf, ct2_fp32, ct2_int8, fastembed
-                          OpenVINO, CTranslate2 and fastembed (btlib.bench.peers.peer_providers), longest first
+                          OpenVINO, CTranslate2 and fastembed (:func:`peer_providers`), longest first
                           (fastembed: its own embed(), corpus order)
 
 Every provider is checked against the reference before it is timed: ``error`` is the max |difference|
@@ -35,13 +35,14 @@ import random
 import torch
 import torch.nn.functional as F
 
-from ..device import bf16_slow_reason
+from ..hardware import bf16_native
 from ..lengths import encoder_flops
 from ..paths import data_file
-from . import runtimes
+from ..precision import bf16_slow_reason, int8_slow_reason
+from . import rt_ctranslate2, rt_fastembed, rt_openvino, runtimes
 from .core import Benchmark, Provider, declare
 
-__all__ = ["corpus", "texts", "CORPORA", "PADDING", "padding_fraction", "LOW_PRECISION_TOL"]
+__all__ = ["corpus", "texts", "CORPORA", "PADDING", "padding_fraction", "LOW_PRECISION_TOL", "peer_providers"]
 
 CORPORA = ("file", "draws", "passages")
 LOW_PRECISION_TOL = 1e-1  # max |diff| of unit vectors a bf16 / int8 path may show and still be timed
@@ -152,8 +153,6 @@ def _onnx_available() -> str | None:
 
 
 def _int8_available() -> str | None:
-    from ..quant import int8_slow_reason
-
     return _available() or int8_slow_reason()
 
 
@@ -183,9 +182,63 @@ def _metrics(out: torch.Tensor, ref: torch.Tensor, x: dict) -> dict:
     return {"min_cos": float(F.cosine_similarity(out.float(), ref, dim=-1).min())}
 
 
-def _providers() -> list[Provider]:
-    from .peers import peer_providers  # here, not at the top: peers builds on this module's corpora and model
+def _ids(x: dict) -> tuple[list[list[int]], int]:
+    m = _model()
+    return m.tokenize(x["texts"]), m.spec.pad_token_id
 
+
+def _ov(variant: str, hint: str | None):
+    def fn(x):
+        ids, pad = _ids(x)
+        compiled = rt_openvino.ov_compiled(rt_openvino.ov_model(_folder(), variant), hint)
+        return rt_openvino.ov_encode(compiled, ids, x["batch_size"], sort=True, pad_id=pad)
+    return fn
+
+
+def _ct2(compute_type: str):
+    def fn(x):
+        ids, pad = _ids(x)
+        encoder = rt_ctranslate2.ct2_encoder(rt_ctranslate2.ct2_model(_folder()), compute_type)
+        return rt_ctranslate2.ct2_encode(encoder, ids, x["batch_size"], sort=True, pad_id=pad)
+    return fn
+
+
+def _fastembed(x):
+    model = rt_fastembed.fastembed_model(_folder(), _model().max_length)
+    return rt_fastembed.fastembed_encode(model, x["texts"], x["batch_size"])
+
+
+def _needs(*checks):
+    """available(): the first reason among pretrained's model check and ``checks`` (each () -> str | None)."""
+    return lambda: next((why for why in (_available(), *(c() for c in checks)) if why), None)
+
+
+def peer_providers(low_tol: float) -> list[Provider]:
+    """The engines beyond ONNX Runtime (OpenVINO, CTranslate2, fastembed), in the order of the issue-21 table.
+
+    low_tol: the tolerance of the rows that may leave fp32 (OpenVINO's default picks bf16 where the CPU has
+    it; the int8 rows), in the calling benchmark's error measure. ``precision`` names the matmul rate that
+    bounds each row: weight-only int8 computes in OpenVINO's default precision, only its weights are int8.
+    """
+    hf, ov, ov8, ct2 = _hf_available, rt_openvino.openvino_available, rt_openvino.nncf_available, rt_ctranslate2.ct2_available
+    ov_default = "bf16" if bf16_native()[0] else "fp32"  # OpenVINO's CPU default is bf16 exactly where btlib calls it native
+    return [
+        Provider("ov_fp32", _ov("fp32", "f32"), available=_needs(ov, hf), label="OpenVINO fp32 (INFERENCE_PRECISION_HINT=f32)"),
+        Provider("ct2_fp32", _ct2("float32"), available=_needs(ct2, hf), label="CTranslate2 fp32", isolated=True),
+        Provider("fastembed", _fastembed, available=_needs(rt_fastembed.fastembed_available, hf),
+                 label="fastembed (ONNX Runtime inside)"),
+        Provider("ov_default", _ov("fp32", None), available=_needs(ov, hf), tol=low_tol, precision=ov_default,
+                 label="OpenVINO default precision"),
+        Provider("ov_int8_weights", _ov("int8_weights", None), available=_needs(ov8, hf), tol=low_tol, precision=ov_default,
+                 label="OpenVINO weight-only int8 (NNCF)"),
+        Provider("ov_int8_nncf", _ov("int8_nncf", None), available=_needs(ov8, hf), tol=low_tol, precision="int8",
+                 label="OpenVINO NNCF full int8"),
+        Provider("ct2_int8", _ct2("int8"), available=_needs(ct2, hf), tol=low_tol, precision="int8", label="CTranslate2 int8",
+                 isolated=True),
+    ]
+
+
+def _providers() -> list[Provider]:
     low = LOW_PRECISION_TOL
     return [
         Provider("transformers", lambda x: _hf().encode(x["texts"], x["batch_size"]), available=_hf_available,

@@ -81,7 +81,7 @@ class OrtPadded:
 def why_not_available(method: str) -> str | None:
     """None if ``method`` can run here, else why not (bf16 not native, a package missing)."""
     if method == "packed_bf16":
-        from ..device import bf16_slow_reason
+        from ..precision import bf16_slow_reason
 
         return bf16_slow_reason()
     if method == "padded_transformers":

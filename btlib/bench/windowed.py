@@ -102,7 +102,7 @@ def _error(out: torch.Tensor, ref: torch.Tensor, x: dict) -> float:
 
 
 def _btlib(x: dict, window) -> torch.Tensor:
-    from .. import varlen_attention
+    from ..attention import varlen_attention
 
     return varlen_attention(*x["packed"], x["cu_seqlens"], x["max_seqlen"], window=window, backend="cpu_flash_varlen")
 

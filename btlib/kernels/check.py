@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..padding import lengths_to_cu_seqlens
+from ..precision import SlowPrecisionWarning
 from .registry import EXACT, Kernel, get, relative_error
 
 __all__ = ["check", "CheckResult", "PADDED_CASES", "VARLEN_CASES", "WINDOWS"]
@@ -98,8 +99,6 @@ def check(kernel: Kernel, device: str = "cpu", dtype: torch.dtype = torch.float3
     """
     run = kernel.fn if fn is None else fn
     # A CPU generator, then .to(device): the same numbers on every device, so a failure reproduces on a CPU.
-    from ..device import SlowPrecisionWarning  # lazily: btlib.device imports the kernels' build
-
     g = torch.Generator().manual_seed(seed)
     sdpa = get("torch_sdpa" if kernel.layout == "padded" else "torch_sdpa_loop").fn
     if windows is None:

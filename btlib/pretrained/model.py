@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..device import PRECISIONS, SlowPrecisionWarning, choose_precision, warn_if_slow_bf16
 from ..observe import run_slow
 from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
 from ..padding import lengths_to_cu_seqlens
+from ..precision import (ENCODE_PRECISIONS, SlowPrecisionWarning, check_precision, resolve_dtype, warn_if_slow_bf16,
+                         warn_if_slow_int8)
 from .checkpoint import CheckpointSpec
 from .st_modules import HasHead, Pooling, SentenceHead
 
@@ -235,8 +236,6 @@ class PretrainedEncoder(Prompts, HasHead, nn.Module):
         """
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}; got {path!r}")
-        if precision is not None and precision not in (*PRECISIONS, "int8"):
-            raise ValueError(f"precision must be None or one of {(*PRECISIONS, 'int8')}; got {precision!r}")
         precision = check_encode_args(texts, batch_size, path, precision)
         check_texts(texts)
         batch_size = int(batch_size)
@@ -247,11 +246,9 @@ class PretrainedEncoder(Prompts, HasHead, nn.Module):
         prompt_length = self.prompt_length(prompt)
         encoder = None
         if precision == "int8":
-            from ..quant import warn_if_slow_int8
-
             warn_if_slow_int8("PretrainedEncoder.encode in int8")
             encoder, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
-        dtype = choose_precision(precision).dtype if precision else torch.float32
+        dtype = resolve_dtype(precision)
         if precision == "bf16":
             warn_if_slow_bf16("PretrainedEncoder.encode in bf16")
         out = []
@@ -269,11 +266,15 @@ def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
     return torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, cu_seqlens.diff().long())
 
 
-def check_encode_args(texts, batch_size: int, path: str, precision: str | None) -> str | None:
+def check_encode_args(texts, batch_size: int, path: str, precision: str | None,
+                      precisions: tuple[str, ...] = ENCODE_PRECISIONS, who: str | None = None) -> str | None:
     """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16').
 
-    batch_size: a positive Python or numpy integer (numbers.Integral; bool is refused).
+    precision: None or one of ``precisions`` (btlib.precision.check_precision; ``who`` names the model in the
+    error for a precision it does not offer). batch_size: a positive Python or numpy integer (numbers.Integral;
+    bool is refused).
     """
+    check_precision(precision, precisions, who=who)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
     if isinstance(texts, (str, bytes)):

@@ -24,6 +24,7 @@ import torch
 from .checkpoint import CheckpointError, read_state_dict, verify_sha256
 from .modernbert_config import check_modernbert_tensors, read_modernbert_spec
 from .modernbert_model import ModernBertEncoder
+from .st_folder import folder_tokenizer, sentence_head
 
 __all__ = ["load_modernbert"]
 
@@ -35,8 +36,6 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -
     fix, for a missing or damaged file, a config field btlib cannot reproduce, or tensors that do
     not match the config. Weights stored in bf16/fp16 are upcast to fp32 exactly.
     """
-    from . import _pooling, _tokenizer  # the folder conventions the BERT loader reads, shared
-
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
@@ -45,9 +44,9 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -
     spec = read_modernbert_spec(folder)
     sd = read_state_dict(folder)
     prefix = check_modernbert_tensors(sd, spec)
-    tokenizer, max_length = _tokenizer(folder, spec.max_positions)
+    tokenizer, max_length = folder_tokenizer(folder, spec.max_positions)
 
-    model = ModernBertEncoder(spec, tokenizer, max_length, _pooling(folder))
+    model = ModernBertEncoder(spec, tokenizer, max_length, sentence_head(folder))
     mapped = {name: prefix + name for name, _ in model.named_parameters()}  # the same names, under the file's prefix
     with torch.no_grad():
         for ours, p in model.named_parameters():

@@ -35,11 +35,11 @@ import torch
 from torch import Tensor, nn
 
 from .. import gemm
-from ..device import PRECISIONS, choose_precision, warn_if_slow_bf16
 from ..kernels import registry
 from ..packed_encoder import _select_varlen
 from ..kernels.registry import Kernel
 from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
+from ..precision import PRECISIONS, check_precision, resolve_dtype, warn_if_slow_bf16
 from .model import Pooling, Prompts, check_encode_args, packed_positions
 from .st_modules import HasHead
 from .modernbert_config import ModernBertSpec, spec_from_config
@@ -160,9 +160,7 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
             raise ValueError(f"ids must be token ids in [0, vocab_size={self.spec.vocab_size}); "
                              f"got {int(ids.min())} .. {int(ids.max())}")
-        if precision is not None and precision not in PRECISIONS:
-            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
-        dtype = choose_precision(precision).dtype if precision else torch.float32
+        dtype = resolve_dtype(check_precision(precision, PRECISIONS, who="ModernBERT"))
         return self._forward(ids, cu_seqlens, int(max_seqlen), dtype)
 
     def _forward(self, ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, dtype: torch.dtype) -> Tensor:
@@ -210,12 +208,8 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
         if path not in MODERNBERT_PATHS:
             raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
                              f"no nn.TransformerEncoder twin for PyTorch's fastpath); got {path!r}")
-        if precision == "int8":
-            raise ValueError("precision='int8' is not available for ModernBERT; use 'fp32', 'bf16' or 'auto'")
-        if precision is not None and precision not in PRECISIONS:
-            raise ValueError(f"precision must be None or one of {PRECISIONS}; got {precision!r}")
-        precision = check_encode_args(texts, batch_size, path, precision)
-        dtype = choose_precision(precision).dtype if precision else torch.float32
+        precision = check_encode_args(texts, batch_size, path, precision, PRECISIONS, who="ModernBERT")
+        dtype = resolve_dtype(precision)
         if precision == "bf16":
             warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
         prompt = self.resolve_prompt(prompt, prompt_name)

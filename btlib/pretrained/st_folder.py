@@ -22,7 +22,7 @@ from pathlib import Path
 from .checkpoint import CheckpointError
 from .st_modules import MODULE_TYPES, PoolingModule, SentenceHead, read_json
 
-__all__ = ["FolderPlan", "read_folder", "tokenizer", "special_ids", "passes_token_types"]
+__all__ = ["FolderPlan", "read_folder", "tokenizer", "special_ids", "passes_token_types", "sentence_head", "folder_tokenizer"]
 
 # sentence_bert_config.json keys that cannot change the vectors (how transformers loads the weights, FA2 unpadding)
 # or that are sentence-transformers' text-only defaults; anything else not read below is refused by name.
@@ -190,6 +190,24 @@ def tokenizer(plan: FolderPlan, limit: int, max_positions: int | None = None):
     tok.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
     tok.enable_truncation(max_length)  # longest_first for pairs, as transformers' truncation=True
     return tok, max_length
+
+
+def sentence_head(folder: Path) -> SentenceHead:
+    """The sentence-transformers modules after the Transformer in ``folder`` (this module), built on its hidden size."""
+    plan = read_folder(folder)
+    c = read_json(plan.transformer_dir / "config.json", "model config")
+    d = c.get("dim") if c.get("model_type") == "distilbert" else c.get("hidden_size")
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise CheckpointError(f"{plan.transformer_dir / 'config.json'}: hidden_size must be a positive integer; got {d!r}")
+    return plan.head(d)
+
+
+def folder_tokenizer(folder: Path, limit: int):
+    """tokenizer.json of ``folder``'s Transformer with sentence-transformers' settings applied, and its max length."""
+    plan = read_folder(folder)
+    c = read_json(plan.transformer_dir / "config.json", "model config")
+    positions = c.get("max_position_embeddings")
+    return tokenizer(plan, limit, positions if isinstance(positions, int) else None)
 
 
 def special_ids(folder: Path, tok) -> set[int]:

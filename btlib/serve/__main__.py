@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from ..precision import ENCODE_PRECISIONS
+
 __all__ = ["main"]
 
 
@@ -25,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait to fill")
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting at most; beyond: 429")
     p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
-    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "auto", "int8"], help="encode's precision")
+    p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS, help="encode's precision")
     p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413")
     p.add_argument("--api-key", default=os.environ.get("BTLIB_API_KEY"),
                    help="require Authorization: Bearer KEY (default: $BTLIB_API_KEY; none: no key)")

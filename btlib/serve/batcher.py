@@ -45,6 +45,7 @@ from typing import Protocol, Sequence
 
 from torch import Tensor
 
+from ..precision import ENCODE_PRECISIONS, check_precision
 from .stats import BatcherStats
 
 __all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "Encoder"]
@@ -96,7 +97,8 @@ class BatchEncoder:
     its ``tokenizer``, ``max_length`` and ``encode``. max_batch_tokens: token budget of one forward pass
     (a request bigger than it runs alone). max_wait_ms: how long a batch may wait to fill, >= 0.
     max_queue: texts waiting at most; more is refused with :class:`Overloaded`. max_batch_requests:
-    requests per batch at most (None: only the token budget counts). precision: passed to ``encode``.
+    requests per batch at most (None: only the token budget counts). precision: passed to ``encode``
+    (checked here, once: one of btlib.precision.ENCODE_PRECISIONS or None).
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 2.0, max_queue: int = 1024,
@@ -110,7 +112,7 @@ class BatchEncoder:
         if getattr(model, "tokenizer", None) is None or not hasattr(model, "encode"):
             raise TypeError("model needs a tokenizer and encode(): pass btlib.load_pretrained(...) (a model made by "
                             "from_config without a tokenizer cannot count tokens)")
-        self.model, self.precision = model, precision
+        self.model, self.precision = model, check_precision(precision, ENCODE_PRECISIONS)
         self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1e3, max_queue
         self.max_batch_requests = max_batch_requests
         self.stats = BatcherStats()

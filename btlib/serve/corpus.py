@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from ..precision import ENCODE_PRECISIONS, check_precision
 from .extras import require
 
 __all__ = ["encode_by_tokens", "CorpusEmbedder", "ray_embed_parquet"]
@@ -64,6 +65,7 @@ class CorpusEmbedder:
                  precision: str | None = None, max_batch_tokens: int = 8192):
         from ..pretrained import load_pretrained
 
+        check_precision(precision, ENCODE_PRECISIONS)  # before loading the model: a typo costs nothing
         self.model = load_pretrained(folder)
         self.text_column, self.embedding_column = text_column, embedding_column
         self.precision, self.max_batch_tokens = precision, max_batch_tokens

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import shutil
 import sys
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 
 from ..._compile import constant_result
+from ...hardware import isa, runnable  # ISA detection lives with the other CPU facts; named here as before
 from .. import _build
 from .._build import Extension
 from . import fake
@@ -67,38 +67,7 @@ _FLAGS = {
     "avx2": ["-march=x86-64-v3"],
     "neon": [],  # NEON and FMA are baseline on aarch64
     "portable": [],
-}
-_X86 = {"avx512bf16": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16"},
-        "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"}}
-
-
-def _arm() -> bool:
-    return platform.machine().lower() in ("arm64", "aarch64")
-
-
-def runnable() -> list[str]:
-    """Every build this CPU can execute, most portable first (the native one last)."""
-    if _arm():
-        return ["portable", "neon"]
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ["portable"]
-    from ...hardware import cpu_flags
-
-    flags = cpu_flags()
-    return ["portable"] + [name for name in ("avx2", "avx512", "avx512bf16") if _X86[name] <= flags]
-
-
-@functools.lru_cache(maxsize=None)
-def isa() -> str:
-    """The build the registered kernels use: $BTLIB_CPU_ISA, else the best one this CPU runs."""
-    forced = os.environ.get("BTLIB_CPU_ISA", "").lower()
-    if forced:
-        if forced not in _FLAGS:
-            raise ValueError(f"BTLIB_CPU_ISA must be one of {', '.join(_FLAGS)}; got {forced!r}")
-        return forced
-    return runnable()[-1]
-
-
+}  # one entry per btlib.hardware.ISAS
 _default_isa = isa  # for the functions whose ``isa`` argument hides isa() (dynamo cannot trace globals())
 
 

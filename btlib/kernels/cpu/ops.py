@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 
 import torch
 from torch import Tensor
 
+from ... import precision
 from ..._compile import constant_result
 from ...checks import INT32_MAX, check_int, window_reach
+from ...hardware import bf16_native
 from ..registry import Kernel, register
 from . import build
 
@@ -68,21 +69,15 @@ def _check_bf16(q: Tensor) -> None:
 @constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _bf16_verdict() -> None:
     global _bf16_fine
-    from ... import device
-
-    if device._warned:
+    if precision.warned("bf16"):
         return
     isa = build.isa()
-    from ...hardware import bf16_native
-
     native, why = bf16_native()
     if isa == "avx512bf16" and native:
         _bf16_fine = _bf16_state()
         return
-    device._warned.add("C++ attention")
-
     reason = why if not native else f"the {isa} build was chosen (BTLIB_CPU_ISA)"
-    warnings.warn(device.SlowPrecisionWarning(
+    precision.warn_once("C++ attention", (
         f"btlib's C++ attention in bf16 on the {isa} build: {reason}, so bf16 inputs are converted to fp32 "
         "while packing and run at the fp32 rate plus the conversion, no faster than fp32. It runs as asked; "
         "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=4)

@@ -1,0 +1,93 @@
+"""btlib's layers hold: no import cycle, no import pointing up against README.md's Architecture lines.
+
+The graph is read with ``ast`` by .ci/import_graph.py (``python .ci/import_graph.py`` prints its numbers):
+every import of a btlib module, at module level or inside a function, relative imports resolved. The layer
+order is README.md's: each line under ``btlib/`` in the Architecture block is one layer, top to bottom, so the
+README and this test cannot drift apart.
+"""
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / ".ci" / "import_graph.py")
+ig = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ig)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return ig.import_graph()
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return ig.readme_layers()
+
+
+def test_no_import_cycle(graph):
+    assert ig.cycles(graph) == [], "modules that import each other (at module level or in a function): " \
+                                   "move the shared code down to a layer both can import"
+
+
+def test_no_import_points_up(graph, layers):
+    upward = ig.upward_imports(graph, ig.layer_of(layers))
+    assert upward == [], ("imports of a module on a higher line of README.md's Architecture block (a lazy import "
+                          "inside a function counts too): move the code down, or pass it in:\n" + "\n".join(upward))
+
+
+def test_every_module_is_on_one_readme_line_and_every_name_exists(layers):
+    placed = ig.layer_of(layers)
+    unplaced = sorted(set(ig.module_files()) - set(placed))
+    assert unplaced == [], f"modules no line under btlib/ in README.md's Architecture block names: {unplaced}"
+    paths = [ig.module_path(m) for m in ig.module_files()]
+    stale = [e for names in layers for e in names
+             if not any(p == e or (e.endswith("/") and p.startswith(e)) for p in paths)]
+    assert stale == [], f"names in README.md's Architecture block that are no module or package of btlib: {stale}"
+    names = [e for names in layers for e in names]
+    assert len(names) == len(set(names)), "a name is on two layer lines"
+    assert layers[0] == ["__init__.py"], "the package's public names import from every layer: its line is the top"
+
+
+def test_the_graph_reader_resolves_lazy_and_relative_imports(tmp_path):
+    """The reader on a tiny package: a function-level import counts, ``from . import x`` and ``from ..a import b``
+    resolve, a cycle and an upward import are found."""
+    pkg = tmp_path / "btlib"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from .top import f\n",
+        "top.py": "from .sub import low\n",
+        "sub/__init__.py": "",
+        "sub/low.py": "import os\n\ndef g():\n    from ..top import f  # lazy, upward\n    return f\n",
+        "base.py": "import btlib.sub.low\nfrom btlib.top import f as _f\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    (tmp_path / "README.md").write_text(textwrap.dedent("""\
+        ## Architecture
+
+        ```
+        btlib/       layers
+          __init__.py
+          top.py     the top
+          sub/       below it
+          base.py    the bottom
+        data/
+        ```
+        """))
+    graph = ig.import_graph(tmp_path)
+    assert graph["btlib.sub.low"] == {"btlib.top": 4} and graph["btlib.top"] == {"btlib.sub.low": 1}
+    assert set(graph["btlib.base"]) == {"btlib.sub.low", "btlib.top"} and set(graph["btlib"]) == {"btlib.top"}
+    assert ig.cycles(graph) == [["btlib.sub.low", "btlib.top"]]
+    layers = ig.readme_layers(tmp_path)
+    assert layers == [["__init__.py"], ["top.py"], ["sub/"], ["base.py"]]
+    assert ig.upward_imports(graph, ig.layer_of(layers, tmp_path)) == [
+        "btlib.base (line 1) -> btlib.sub.low", "btlib.base (line 2) -> btlib.top", "btlib.sub.low (line 4) -> btlib.top"]
+
+
+def test_report_prints_the_numbers():
+    text = ig.report()
+    assert "modules," in text and "0 cycles" in text and "0 upward imports" in text and "largest modules" in text
