@@ -330,4 +330,15 @@ def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: 
 
 # btlib.hardware measures this module's paths and caches the picks that plan() reads; it sits below this
 # module, so it gets the measurement handed over here rather than importing it.
-hardware.use_gemm(lambda: gemm_measure.measure_paths(sys.modules[__name__]), lambda: _plans.clear())
+def _measure() -> dict:
+    """Every path timed by btlib.gemm_measure, gemm.cpp built first: its first build (~20 s) inside the measurement's
+    time box would leave no time for the larger token counts, and the short measurement would be cached."""
+    if path_available("btlib") is None:
+        try:
+            _gemm_cpp()
+        except RuntimeError:  # the failure is remembered: path_available says why, and the path is not measured
+            pass
+    return gemm_measure.measure_paths(sys.modules[__name__])
+
+
+hardware.use_gemm(_measure, lambda: _plans.clear())
