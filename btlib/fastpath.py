@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
+from . import _torch_private as tp
 from .observe import ops_that_ran
 
 __all__ = ["FastpathReport", "explain_fastpath"]
@@ -189,7 +190,7 @@ def _explain_encoder(enc: nn.TransformerEncoder, src: Tensor, mask, src_key_padd
         nested.append("no src_key_padding_mask: nothing to skip")
     elif getattr(enc, "mask_check", True) and src.dim() == 3 and not src.is_nested and src.shape[:2] == src_key_padding_mask.shape:
         valid = ~src_key_padding_mask.bool() if src_key_padding_mask.dtype == torch.bool else src_key_padding_mask == 0
-        if not torch._nested_tensor_from_mask_left_aligned(src, valid):
+        if not tp.mask_left_aligned(src, valid):
             nested.append("src_key_padding_mask is not left aligned (padding must come after the real tokens)")
     if src.is_nested:
         nested.append("input is already a nested tensor")

@@ -29,7 +29,7 @@ on a Zen 3 oneDNN won at 12 tokens (~100 vs ~55 GFLOP/s) and MKL at 1024+. So
 takes the fastest for the precision and M (:func:`plan`). ``BTLIB_GEMM=torch`` or ``onednn``
 forces a path (for comparisons), ``with forcing(path):`` does so for a block, ``path=`` for one call.
 
-Every private torch op btlib uses for GEMMs is called in this module and nowhere else. A path
+Every private torch op btlib uses for GEMMs is called from this module, through btlib._torch_private. A path
 whose op is missing, refuses the input (oneDNN bf16 needs AVX-512 or AVX-NE-CONVERT) or raises
 falls back to F.linear, and stays off for that dtype in this process. Autograd and non-CPU
 tensors always take F.linear (the oneDNN ops have no derivative here).
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.compiler import is_compiling as _is_compiling  # dynamo reads it as True while tracing
 
-from . import gemm_measure, hardware
+from . import _torch_private as tp, gemm_measure, hardware
 
 __all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
            "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
@@ -129,7 +129,8 @@ def path_available(path: str, dtype: torch.dtype = torch.float32) -> str | None:
 def _path_available(path: str, dtype: torch.dtype) -> str | None:
     if path == "onednn":
         if not _has_onednn():
-            return "this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)"
+            return (tp.missing("linear_pointwise") or tp.missing("reorder_linear_weight")
+                    or "this torch has no oneDNN (torch.backends.mkldnn.is_available() is False)")
         return _broken.get((path, dtype))
     if path == "btlib":
         if dtype != torch.float32:
@@ -140,15 +141,15 @@ def _path_available(path: str, dtype: torch.dtype) -> str | None:
 
         return build.gemm_available()
     if path == "int_mm":
-        return None if hasattr(torch, "_int_mm") else "this torch has no torch._int_mm"
+        return tp.missing("int_mm")
     if path == "onednn_int8":
-        return None if hasattr(torch.ops.onednn, "qlinear_pointwise") else "this torch has no onednn.qlinear_pointwise"
+        return tp.missing("qlinear_prepack") or tp.missing("qlinear_pointwise")
     raise ValueError(f"path must be one of {PATHS + INT8_PATHS}; got {path!r}")
 
 
 @functools.cache
 def _has_onednn() -> bool:  # asked at every linear: the answer is fixed for the process
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return torch.backends.mkldnn.is_available() and not (tp.missing("linear_pointwise") or tp.missing("reorder_linear_weight"))
 
 
 def _version(w: Tensor) -> int:
@@ -172,7 +173,7 @@ def pack(weight: Tensor, path: str = "onednn") -> Tensor:
         if path == "btlib":
             packed = _gemm_cpp().pack(weight.detach().contiguous())
         else:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            packed = tp.reorder_linear_weight(weight.detach())
     with _lock:
         if hit is None or hit[0]() is not weight:
             weakref.finalize(weight, _packs.pop, key, None)  # drop the pack with the weight
@@ -250,8 +251,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
 def module_linear(module: torch.nn.Linear, x: Tensor, residual: Tensor | None = None) -> Tensor:
     """module(x) (+ residual) by :func:`linear`'s path; through the module itself where forward hooks watch it
     (SmoothQuant's calibration, a user's probes), so they run as in PyTorch's own forward."""
-    m = torch.nn.modules.module
-    if module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks:
+    if module._forward_hooks or module._forward_pre_hooks or tp.global_forward_hooks():
         y = module(x)
         return y if residual is None else y + residual
     return linear(x, module.weight, module.bias, residual=residual)
@@ -260,8 +260,8 @@ def module_linear(module: torch.nn.Linear, x: Tensor, residual: Tensor | None = 
 def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:
     w = pack(weight)
     if residual is not None and activation == "none":
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual.to(x.dtype), w, bias, "add")
-    y = torch.ops.mkldnn._linear_pointwise(x, w, bias, activation, [], "none" if activation == "gelu" else "")
+        return tp.linear_pointwise_binary(x, residual.to(x.dtype), w, bias, "add")
+    y = tp.linear_pointwise(x, w, bias, activation, [], "none" if activation == "gelu" else "")
     return y if residual is None else y + residual
 
 
@@ -302,7 +302,7 @@ def _torch(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, resi
             activation == "relu" or x.device.type == "cpu"):
         # bias + activation in the GEMM's epilogue: one pass over the (M, N) activations, not three. CPU only
         # for GELU (on CUDA the epilogue's GELU is the tanh approximation); no derivative, so not under autograd
-        y = torch._addmm_activation(bias, x, weight.t(), use_gelu=activation == "gelu")
+        y = tp.addmm_activation(bias, x, weight.t(), use_gelu=activation == "gelu")
     else:
         y = F.linear(x, weight, bias)
         y = F.gelu(y) if activation == "gelu" else F.relu(y) if activation == "relu" else y
@@ -311,12 +311,12 @@ def _torch(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, resi
 
 def int8_matmul(x: Tensor, w_t: Tensor) -> Tensor:
     """torch._int_mm: x (M, K) int8 @ w_t (K, N) int8 -> (M, N) int32 (exact integer sums)."""
-    return torch._int_mm(x, w_t)
+    return tp.int_mm(x, w_t)
 
 
 def onednn_int8_pack(w: Tensor, x_shape: tuple[int, int]) -> Tensor:
     """w (N, K) int8 per-channel-quantized -> oneDNN's packed int8 weight for inputs of shape x_shape."""
-    return torch.ops.onednn.qlinear_prepack(w, list(x_shape))
+    return tp.qlinear_prepack(w, list(x_shape))
 
 
 def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: Tensor, w_scale: Tensor,
@@ -324,7 +324,7 @@ def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: 
     """oneDNN int8 linear: qx (M, K) uint8 (x = (qx - zp) * scale), packed_w from :func:`onednn_int8_pack`,
     w_scale (N,) float32 -> (M, N) float32, bias (N,) float32 added."""
     zeros = torch.zeros(w_scale.shape, dtype=torch.int64)
-    return torch.ops.onednn.qlinear_pointwise(qx, x_scale, x_zero_point, packed_w, w_scale, zeros, bias, 1.0, 0,
+    return tp.qlinear_pointwise(qx, x_scale, x_zero_point, packed_w, w_scale, zeros, bias, 1.0, 0,
                                               torch.float32, "none", [], "")
 
 

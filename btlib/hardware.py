@@ -53,6 +53,7 @@ from typing import Callable
 
 import torch
 
+from . import _torch_private as tp
 from .gemm_measure import TOKENS
 from .hardware_cache import FIELDS, read_cache, write_cache
 
@@ -263,14 +264,16 @@ def measure_rates() -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _int8_rate(threads: int, budget_s: float) -> float:
+    if tp.missing("int_mm") is not None:  # no int8 GEMM in this torch: no rate (btlib.precision says why)
+        return 0.0
     g = torch.Generator().manual_seed(0)
     best, deadline = 0.0, time.perf_counter() + budget_s
     for n in (256, 512, 1024):
         a, b = (torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8) for _ in range(2))
-        torch._int_mm(a, b)  # warm-up
+        tp.int_mm(a, b)  # warm-up
         for _ in range(5):
             t0 = time.perf_counter()
-            torch._int_mm(a, b)
+            tp.int_mm(a, b)
             best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
             if time.perf_counter() > deadline:
                 return best
@@ -278,7 +281,8 @@ def _int8_rate(threads: int, budget_s: float) -> float:
 
 
 def int8_gemm_gflops(budget_s: float = 0.5) -> float:
-    """Best GOP/s of (n, n) int8 @ (n, n) int8 -> int32 with torch._int_mm at torch's thread count (measured once)."""
+    """Best GOP/s of (n, n) int8 @ (n, n) int8 -> int32 with torch._int_mm at torch's thread count (measured once);
+    0.0 where this torch has no torch._int_mm."""
     return _int8_rate(torch.get_num_threads(), budget_s)
 
 

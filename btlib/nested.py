@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from . import _torch_private as tp
 from .padding import Packed, check_cu_seqlens, check_int, pack
 
 __all__ = ["packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_to_padded"]
@@ -29,7 +30,7 @@ __all__ = ["packed_to_nested", "nested_to_packed", "padded_to_nested", "nested_t
 def quiet_jagged() -> Iterator[None]:
     """Silence the "is_fx_tracing will return true ..." log line that torch 2.13 prints (with a
     timestamp, on stderr) whenever jagged tensors are built or used; it concerns fx tracing, not us."""
-    logger = logging.getLogger("torch.fx._symbolic_trace")
+    logger = logging.getLogger(tp.FX_TRACE_LOGGER)
     only_errors = logging.Filter()
     only_errors.filter = lambda record: record.levelno >= logging.ERROR  # type: ignore[method-assign]
     logger.addFilter(only_errors)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _torch_private as tp
 from .hardware import Hardware, int8_gemm_gflops, machine
 
 __all__ = ["PRECISIONS", "ENCODE_PRECISIONS", "AUTO_MARGIN", "SlowPrecisionWarning", "PrecisionChoice", "check_precision",
@@ -108,6 +109,8 @@ def bf16_slow_reason(hw: Hardware | None = None) -> str | None:
 
 def int8_slow_reason(margin: float = 1.0) -> str | None:
     """None where torch._int_mm measured above ``margin`` x this machine's fp32 matmul rate; else why int8 does not pay."""
+    if (why := tp.missing("int_mm")) is not None:
+        return f"{why}: int8 matmuls cannot run here"
     fp32, int8 = machine().fp32_gflops, int8_gemm_gflops()
     if int8 > margin * fp32:
         return None

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import _torch_private as tp
 from .attention import varlen_attention
 from .hardware import int8_gemm_gflops  # measured there, with the other rates; named here as before
 from .packed_encoder import PackedEncoder
@@ -136,14 +137,14 @@ class Int8Linear(nn.Module):
         r = residual.contiguous() if residual is not None else None
         act = _ACT[self.activation]
         for i in range(0, M, ROWS):  # row blocks: _int_mm's fast sizes, and acc stays in cache for dequantize
-            k.dequantize(torch._int_mm(xq[i:i + ROWS], self.qweight_t), s[i:i + ROWS], self.w_scale, b, act,
+            k.dequantize(tp.int_mm(xq[i:i + ROWS], self.qweight_t), s[i:i + ROWS], self.w_scale, b, act,
                          _EMPTY if r is None else r[i:i + ROWS], y[i:i + ROWS])  # act and residual in the same pass
         return self._nonfinite_rows(x, s, y, residual)
 
     def _forward_torch(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         xs = x * self.inv_smooth if self.inv_smooth is not None else x
         xq, s = quantize_rows(xs)  # (M, K) int8, (M, 1)
-        y = torch.mul(torch._int_mm(xq, self.qweight_t), self.w_scale)  # int32 (M, N) -> float32, times w_n
+        y = torch.mul(tp.int_mm(xq, self.qweight_t), self.w_scale)  # int32 (M, N) -> float32, times w_n
         y = torch.addcmul(self.bias, y, s, out=y) if self.bias is not None else y.mul_(s)  # * s_m + b
         y = self._activation(y)
         return self._nonfinite_rows(x, s, y if residual is None else y + residual, residual)
@@ -235,6 +236,8 @@ def quantize(packed: PackedEncoder, *, keep_fp32: dict[int, tuple[str, ...]] | t
     with a_k = max|x_k|^alpha / max|W_k|^(1 - alpha) (SmoothQuant); None: no smoothing.
     The fp32 layers are shared, not copied; the int8 weights are new buffers (about 1/4 of fp32's bytes).
     """
+    if (why := tp.missing("int_mm")) is not None:  # refused here, not at the first forward
+        raise RuntimeError(f"quantize: {why}, so int8 linears cannot run here; use precision='fp32'")
     if packed.layers[0].linear1.weight.dtype != torch.float32:
         raise ValueError(f"quantize takes an fp32 PackedEncoder; got {packed.layers[0].linear1.weight.dtype}")
     if not isinstance(keep_fp32, tuple):  # {layer index: names}: an index out of range would be ignored silently

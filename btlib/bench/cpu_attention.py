@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from .. import _torch_private as tp
 from ..kernels import get, kernels, relative_error
 from ..reference import reference_attention
 from .attention import attn_bytes, attn_flops, dense_qkv
@@ -44,11 +45,12 @@ def matmul_peak(n: int = 1024, threads: int | None = None, dtype: torch.dtype = 
 
 _ONEDNN = """
 import json, statistics, sys, torch
+from btlib._torch_private import mkldnn_linear
 from btlib.bench.core import time_fn
 n, rounds = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(int(sys.argv[3]))
 a, b = torch.randn(n, n).to_mkldnn(), torch.randn(n, n).to_mkldnn()
-run = lambda: torch._C._nn.mkldnn_linear(a, b)  # a @ b^T in oneDNN's blocked layout, no conversion per call
+run = lambda: mkldnn_linear(a, b)  # a @ b^T in oneDNN's blocked layout, no conversion per call
 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
     run()  # prints oneDNN's info lines, among them "cpu,isa:<the code path it dispatched to>"
 ms = min(statistics.median(time_fn(run, warmup=3, min_runs=10, min_time_s=0.5)) for _ in range(rounds))
@@ -65,6 +67,8 @@ def onednn_matmul(threads: int = 1, max_isa: str | None = None, n: int = 1024, r
     """
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("this PyTorch has no oneDNN (torch.backends.mkldnn.is_available() is False)")
+    if (why := tp.missing("mkldnn_linear")) is not None:
+        raise RuntimeError(why)
     env = {**os.environ, **({"ONEDNN_MAX_CPU_ISA": max_isa} if max_isa else {})}
     r = subprocess.run([sys.executable, "-c", _ONEDNN, str(n), str(rounds), str(threads)], capture_output=True, text=True,
                        env=env, timeout=300)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import _torch_private as tp
 from ..kernels import relative_error
 from ..lengths import attention_flops
 from ..padding import lengths_to_cu_seqlens, pack, unpack
@@ -150,7 +151,7 @@ def _flex_call(x: dict) -> torch.Tensor:
     key = (x["window"], tuple(x["lengths"].tolist()))
     t0 = time.perf_counter()
     try:
-        with torch._dynamo.config.patch(recompile_limit=64):  # one compile per shape: more shapes than the default 8
+        with tp.recompile_limit(64):  # one compile per shape: more shapes than the default 8
             out = _flex(q, k, v, block_mask=x["block_mask"])
     except Exception as e:  # noqa: BLE001 - inductor's errors run to pages; the row keeps the first line
         raise RuntimeError(f"FlexAttention failed here: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from None

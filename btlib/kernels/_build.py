@@ -30,6 +30,8 @@ from typing import Callable, Iterable, TypeVar
 
 import torch
 
+from .. import _torch_private as tp
+
 __all__ = ["Extension", "build_directory", "needs_build", "first_errors"]
 
 T = TypeVar("T")
@@ -37,9 +39,7 @@ T = TypeVar("T")
 
 def build_directory(name: str) -> Path:
     """Where library ``name`` is cached: $TORCH_EXTENSIONS_DIR/<name>, else torch's default."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(name, verbose=False))
+    return Path(tp.build_directory(name))
 
 
 def needs_build(name: str, depends: Iterable[Path]) -> bool:

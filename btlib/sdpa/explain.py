@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPAParams, SDPBackend
 
+from .. import _torch_private as tp
 from .forced import BACKENDS, SDPA_OPS, catch_messages, clean_messages, forced_backend
 
 __all__ = ["SDPAReport", "explain_sdpa"]
@@ -49,7 +50,8 @@ def _op_table(device: str, layout: str) -> dict[str, str]:
 class SDPAReport:
     """Prediction for one SDPA call.
 
-    chosen: the backend SDPA will run (a name from BACKENDS), or None when the call will raise ``error``.
+    chosen: the backend SDPA will run (a name from BACKENDS), or None when the call will raise ``error``, or when
+    this torch lacks what explain_sdpa asks (``error`` then starts with "cannot predict: " and says what is missing).
     reasons: backend -> why it refuses these inputs; an empty list means it accepts them.
     order: the order SDPA tries backends in on this device and layout.
     """
@@ -86,6 +88,7 @@ class SDPAReport:
 
     def __str__(self) -> str:
         head = f"SDPA on {self.device} ({self.layout}): " + (f"runs {self.chosen} ({self.expected_op})" if self.chosen
+                                                            else self.error if self.error.startswith(CANNOT_ASK)
                                                             else f"raises: {self.error}")
         lines = [head]
         for b in self.order + [b for b in BACKENDS if b not in self.order]:
@@ -111,7 +114,7 @@ def _dense_cpu(args: tuple, kwargs: dict) -> dict[str, list[str]]:
     for b in BACKENDS:
         with catch_messages() as msgs, forced_backend(b):
             try:
-                choice, error = torch._fused_sdp_choice(*args, **kwargs), None
+                choice, error = tp.fused_sdp_choice(*args, **kwargs), None
             except (RuntimeError, NotImplementedError) as e:
                 choice, error = None, str(e)
         why = clean_messages(msgs)
@@ -138,7 +141,7 @@ def _can_use(backend: str, params: SDPAParams, device: str) -> list[str]:
 
 
 def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: bool, gqa: bool) -> dict[str, list[str]]:
-    from torch.nested._internal import sdpa as nsdpa  # what F.scaled_dot_product_attention calls for jagged inputs
+    nsdpa = tp.nested_sdpa()  # what F.scaled_dot_product_attention calls for jagged inputs (explain_sdpa checked it)
 
     params = SDPAParams(q, k, v, mask, dropout_p, is_causal, gqa)
     jagged_gate = {"FLASH_ATTENTION": nsdpa._can_use_flash_sdpa_jagged,
@@ -157,6 +160,16 @@ def _jagged(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: 
             why += [] if ok else clean_messages(msgs) or [f"refused by {jagged_gate[b].__name__}"]
         reasons[b] = why
     return reasons
+
+
+CANNOT_ASK = "cannot predict: "  # an SDPAReport.error that starts so: this torch lacks what explain_sdpa asks
+
+
+def _cannot_ask(device: str, layout: str, order: list[str], what: str, notes: list[str]) -> SDPAReport:
+    """The report where this torch lacks the private function explain_sdpa asks: no prediction, and why."""
+    why = CANNOT_ASK + what  # what: "this torch has no <the private name>, <what it is>"
+    hint = "btlib.run_forced(backend, q, k, v) runs SDPA under each backend instead"
+    return SDPAReport(device, layout, None, {b: [why] for b in BACKENDS}, order, why, notes + [hint])
 
 
 def explain_sdpa(
@@ -193,9 +206,11 @@ def explain_sdpa(
             r = explain_sdpa(q.values(), k.values(), v.values(), attn_mask, dropout_p, is_causal, scale, enable_gqa)
             r.notes = notes + r.notes
             return r
-        from torch.nested._internal import sdpa as nsdpa
-
         layout, order = "jagged", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"]
+        nsdpa = tp.nested_sdpa()
+        if nsdpa is None:
+            return _cannot_ask(device, layout, order, f"{tp.missing('nested_sdpa')}, whose gates pick the jagged "
+                                                      "backend", notes)
         try:
             nsdpa._validate_sdpa_input(q, k, v, attn_mask, dropout_p, is_causal, scale)
         except ValueError as e:
@@ -207,18 +222,20 @@ def explain_sdpa(
         chosen_val = choice.value
     else:
         layout = "strided nested" if q.is_nested else "dense"  # strided nested tensors go through aten's dense dispatcher
+        names = {m.value: n for n, m in SDPBackend.__members__.items()}
+        order = (["FLASH_ATTENTION", "MATH"] if device == "cpu"  # select_sdp_backend_cpp: fixed, no priority setting
+                 else [names[i] for i in tp.sdp_priority_order() if names.get(i) in BACKENDS])
+        if (why := tp.missing("fused_sdp_choice")) is not None:
+            return _cannot_ask(device, layout, order, f"{why}, the dispatcher SDPA calls", notes)
         if device == "cpu":
-            order = ["FLASH_ATTENTION", "MATH"]  # select_sdp_backend_cpp: fixed, no priority setting
             reasons = _dense_cpu((q, k, v), dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                                  scale=scale, enable_gqa=enable_gqa))
         else:
-            names = {m.value: n for n, m in SDPBackend.__members__.items()}
-            order = [names[i] for i in torch._C._get_sdp_priority_order() if names.get(i) in BACKENDS]
             params = SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
             reasons = {b: [] if b == "MATH" else _can_use(b, params, device) for b in BACKENDS}
         try:
             with catch_messages():
-                chosen_val = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+                chosen_val = tp.fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         except (RuntimeError, NotImplementedError) as e:
             chosen_val, notes = SDPBackend.ERROR.value, notes + [f"SDPA raises: {clean_messages([str(e)]) or [type(e).__name__]}"]
     for b in BACKENDS:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .. import _torch_private as tp
 from ..observe import ops_that_ran
 
 __all__ = ["ForcedRun", "run_forced", "forced_backend", "sdpa_ops", "catch_messages", "clean_messages", "SDPA_OPS", "BACKENDS"]
@@ -63,7 +64,7 @@ class _LogCatcher(logging.Handler):
 
 
 @contextlib.contextmanager
-def catch_messages(logger: str = "torch.nested._internal.sdpa") -> Iterator[list[str]]:
+def catch_messages(logger: str = tp.NESTED_SDPA_LOGGER) -> Iterator[list[str]]:
     """Collect torch's warnings (TORCH_WARN) and the nested SDPA logger's records, without printing them."""
     log, catcher = logging.getLogger(logger), _LogCatcher()
     propagate = log.propagate

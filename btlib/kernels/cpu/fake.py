@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ... import _torch_private as tp
+
 __all__ = ["register", "OPS"]
 
 OPS = ("attention_v1", "attention_v2", "attention_v3", "varlen_v3")
@@ -36,32 +38,32 @@ _registered: set[str] = set()
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, rank: int, allow_bf16: bool) -> None:
     """attention.cpp's check_qkv, on metadata only (the device is the dispatcher's: only CPU and fake tensors get here)."""
     for x in (q, k, v):
-        torch._check(x.dim() == rank, lambda: f"btlib CPU attention: expected {'(B, H, T, D)' if rank == 4 else '(total, H, D)'} "
-                                              f"inputs; got {list(x.shape)}")
-        torch._check(x.dtype == torch.float32 or (allow_bf16 and x.dtype == torch.bfloat16),
-                     lambda: f"btlib CPU attention: dtype must be float32{' or bfloat16' if allow_bf16 else ''}; got {x.dtype}")
-        torch._check(x.numel() == 0 or x.stride(-1) == 1,
-                     lambda: "btlib CPU attention: head_dim must be contiguous (stride 1); call .contiguous()")
-    torch._check(q.dtype == k.dtype == v.dtype, lambda: "btlib CPU attention: q, k, v must share one dtype")
-    torch._check(k.shape == v.shape,
-                 lambda: f"btlib CPU attention: k and v must have one shape; got {list(k.shape)} and {list(v.shape)}")
+        tp.check(x.dim() == rank, lambda: f"btlib CPU attention: expected {'(B, H, T, D)' if rank == 4 else '(total, H, D)'} "
+                                           f"inputs; got {list(x.shape)}")
+        tp.check(x.dtype == torch.float32 or (allow_bf16 and x.dtype == torch.bfloat16),
+                  lambda: f"btlib CPU attention: dtype must be float32{' or bfloat16' if allow_bf16 else ''}; got {x.dtype}")
+        tp.check(x.numel() == 0 or x.stride(-1) == 1,
+                  lambda: "btlib CPU attention: head_dim must be contiguous (stride 1); call .contiguous()")
+    tp.check(q.dtype == k.dtype == v.dtype, lambda: "btlib CPU attention: q, k, v must share one dtype")
+    tp.check(k.shape == v.shape,
+              lambda: f"btlib CPU attention: k and v must have one shape; got {list(k.shape)} and {list(v.shape)}")
     D = q.shape[-1]
-    torch._check(1 <= D <= MAX_HEAD_DIM, lambda: f"btlib CPU attention: head_dim must be in [1, {MAX_HEAD_DIM}]; got {D}")
-    torch._check(k.shape[-1] == D, lambda: f"btlib CPU attention: q and k must have one head_dim; got {D} and {k.shape[-1]}")
+    tp.check(1 <= D <= MAX_HEAD_DIM, lambda: f"btlib CPU attention: head_dim must be in [1, {MAX_HEAD_DIM}]; got {D}")
+    tp.check(k.shape[-1] == D, lambda: f"btlib CPU attention: q and k must have one head_dim; got {D} and {k.shape[-1]}")
 
 
 def _check_window(left: int, right: int) -> None:
-    torch._check(left >= -1 and right >= -1, lambda: "btlib CPU attention: window_left and window_right must be >= 0, or -1 "
-                                                     f"for no limit on that side; got {left} and {right}")
+    tp.check(left >= -1 and right >= -1, lambda: "btlib CPU attention: window_left and window_right must be >= 0, or -1 "
+                                                  f"for no limit on that side; got {left} and {right}")
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, allow_bf16: bool) -> Tensor:
     _check_qkv(q, k, v, 4, allow_bf16)
-    torch._check(k.shape[0] == q.shape[0] and k.shape[1] == q.shape[1],
-                 lambda: f"btlib CPU attention: k must be (B, H, S, D) with q's B and H; got {list(k.shape)}")
+    tp.check(k.shape[0] == q.shape[0] and k.shape[1] == q.shape[1],
+              lambda: f"btlib CPU attention: k must be (B, H, S, D) with q's B and H; got {list(k.shape)}")
     if lengths is not None:
-        torch._check(lengths.dim() == 1 and lengths.shape[0] == q.shape[0],
-                     lambda: f"btlib CPU attention: lengths must be (B,) = ({q.shape[0]},); got {list(lengths.shape)}")
+        tp.check(lengths.dim() == 1 and lengths.shape[0] == q.shape[0],
+                  lambda: f"btlib CPU attention: lengths must be (B,) = ({q.shape[0]},); got {list(lengths.shape)}")
     return q.new_empty(q.shape)  # (B, H, T, D) contiguous, whatever q's strides
 
 
@@ -76,11 +78,11 @@ def _v3(q, k, v, lengths, causal, scale, window_left=-1, window_right=-1):
 
 def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, window_right=-1):
     _check_qkv(q, k, v, 3, True)
-    torch._check(k.shape == q.shape, lambda: "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); "
-                                             f"got {list(q.shape)} and {list(k.shape)}")
-    torch._check(cu_seqlens.dtype == torch.int32 and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1,
-                 lambda: "btlib CPU varlen attention: cu_seqlens must be a 1-D int32 tensor of B + 1 offsets; "
-                         f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}")
+    tp.check(k.shape == q.shape, lambda: "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); "
+                                          f"got {list(q.shape)} and {list(k.shape)}")
+    tp.check(cu_seqlens.dtype == torch.int32 and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1,
+              lambda: "btlib CPU varlen attention: cu_seqlens must be a 1-D int32 tensor of B + 1 offsets; "
+                      f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}")
     _check_window(window_left, window_right)
     return q.new_empty(q.shape)  # (total, H, D) contiguous
 
