@@ -205,13 +205,18 @@ def _int8_name(isa_: str) -> str:
     return f"btlib_int8_{isa_}"
 
 
-def int8_available() -> str | None:
-    """None if int8.cpp (btlib.quant's fused passes) can be built or is built for :func:`isa`; else why not."""
+def _available(ext: Extension, name) -> str | None:
+    """None if ext's library ``name(isa())`` can be built or is built; else why not (never compiles)."""
     try:
         isa_ = isa()
     except ValueError as e:
         return str(e)
-    return _int8.available(_int8_name(isa_))
+    return ext.available(name(isa_))
+
+
+def int8_available() -> str | None:
+    """None if int8.cpp (btlib.quant's fused passes) can be built or is built for :func:`isa`; else why not."""
+    return _available(_int8, _int8_name)
 
 
 def int8_module():
@@ -234,27 +239,17 @@ def _gemm_name(isa_: str) -> str:
 
 def gemm_available() -> str | None:
     """None if gemm.cpp (btlib.gemm's "btlib" path) can be built or is built for :func:`isa`; else why not."""
-    try:
-        isa_ = isa()
-    except ValueError as e:
-        return str(e)
-    return _gemm.available(_gemm_name(isa_))
-
-
-_gemm_loaded: list = []  # the module once loaded: asked at every "btlib"-path linear
+    return _available(_gemm, _gemm_name)
 
 
 def gemm_module():
     """gemm.cpp built for :func:`isa` (once per process, ~20 s on a cold cache): ``pack``, ``linear``,
-    ``panel_width``, ``max_rows``. Raises RuntimeError like :func:`load`, the failure remembered."""
-    if _gemm_loaded:
-        return _gemm_loaded[0]
+    ``panel_width``, ``max_rows``. Raises RuntimeError like :func:`load`, the failure remembered. btlib.gemm keeps
+    the module it gets (a call per linear on its hot path)."""
     isa_ = _checked_isa(None)
-    mod = _gemm.module(_gemm_name(isa_), detail=f"{GEMM_SOURCE.name}, {isa_}", depends=[GEMM_SOURCE, HEADER],
+    return _gemm.module(_gemm_name(isa_), detail=f"{GEMM_SOURCE.name}, {isa_}", depends=[GEMM_SOURCE, HEADER],
                        sources=[str(GEMM_SOURCE)], extra_cflags=["-O3", *_FLAGS[isa_], *_thread_flags()],
                        extra_ldflags=list(_thread_flags()), extra_include_paths=[str(HERE)])
-    _gemm_loaded.append(mod)
-    return mod
 
 
 def timed_load() -> tuple[str, float]:
