@@ -114,8 +114,7 @@ def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
         chosen = {M: _picked(picks.get(precision), M) for M in Ms}
         cells = [f"{path} " + " | ".join(f"{by_M[str(M)]:.3g}{'*' if chosen[M] == path else ''}" if str(M) in by_M else "-"
                                          for M in Ms) for path, by_M in by_path.items()]
-        note = " (measured only: btlib.quant runs int8)" if precision == "int8" else ""
-        lines.append(f"  {precision}{note}: " + ", ".join(cells) if cells else f"  {precision}: no path ran")
+        lines.append(f"  {precision}: " + ", ".join(cells) if cells else f"  {precision}: no path ran")
     return lines
 
 

@@ -16,11 +16,13 @@ Paths for fp32 and bf16 (what :func:`linear` runs):
              Built for few rows (one query: ~13 tokens), where a GEMM is bound
              by reading W and the libraries' blocking for large M does not pay back
 
-int8 paths, measured for the device line only (btlib.quant runs int8):
+int8 paths (btlib.quant's Int8Linear runs them; :func:`choose_int8` picks one per M):
 
     int_mm       torch._int_mm: int8 x int8 -> int32, scales applied after
-    onednn_int8  torch.ops.onednn.qlinear_prepack + qlinear_pointwise: uint8 activations,
-                 per-channel int8 weights, fp32 out
+    onednn_int8  torch.ops.onednn.qlinear_prepack + qlinear_pointwise: uint8 activations (int8 + 128 with
+                 zero point 128: the same integers), int8 weights pre-packed, fp32 out. Called with unit scales,
+                 it returns the exact int32 sums as floats, so btlib.quant applies its per-token scales after
+                 either path alike, and the two paths give the same bits.
 
 Which path is fastest is a fact about the CPU and the token count M, not about the library: on
 an AMD Zen 5 oneDNN pre-packed ran MiniLM's GEMMs at 2048 tokens 2.3x faster than F.linear (MKL);
@@ -59,8 +61,9 @@ from torch.compiler import is_compiling as _is_compiling  # dynamo reads it as T
 
 from . import _torch_private as tp, gemm_measure, hardware
 
-__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "planned", "forcing", "forced_path",
-           "path_available", "pack", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
+__all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "choose_int8", "planned",
+           "forcing", "forced_path",
+           "path_available", "pack", "int8_broke", "int8_matmul", "onednn_int8_linear", "onednn_int8_pack"]
 
 PATHS = ("torch", "onednn", "btlib")
 INT8_PATHS = ("int_mm", "onednn_int8")
@@ -143,7 +146,7 @@ def _path_available(path: str, dtype: torch.dtype) -> str | None:
     if path == "int_mm":
         return tp.missing("int_mm")
     if path == "onednn_int8":
-        return tp.missing("qlinear_prepack") or tp.missing("qlinear_pointwise")
+        return tp.missing("qlinear_prepack") or tp.missing("qlinear_pointwise") or _broken.get((path, torch.int8))
     raise ValueError(f"path must be one of {PATHS + INT8_PATHS}; got {path!r}")
 
 
@@ -160,7 +163,8 @@ def _version(w: Tensor) -> int:
 
 def pack(weight: Tensor, path: str = "onednn") -> Tensor:
     """W (N, K) -> the copy ``path`` multiplies by, made once and reused while W is alive and unchanged:
-    oneDNN's blocked layout (fp32 or bf16) for "onednn", gemm.cpp's column panels (fp32) for "btlib".
+    oneDNN's blocked layout (fp32 or bf16) for "onednn", gemm.cpp's column panels (fp32) for "btlib",
+    oneDNN's int8 layout for "onednn_int8" (W given as int8 (K, N), as btlib.quant keeps it for _int_mm).
 
     Keyed by the path, the tensor object and its version counter: an in-place update (load_state_dict,
     copy_) makes a new pack. Memory: one extra copy of every weight per path that runs it.
@@ -172,6 +176,8 @@ def pack(weight: Tensor, path: str = "onednn") -> Tensor:
     with torch.no_grad():
         if path == "btlib":
             packed = _gemm_cpp().pack(weight.detach().contiguous())
+        elif path == "onednn_int8":  # weight: int8 (K, N), _int_mm's layout; packed for 1024-row blocks
+            packed = onednn_int8_pack(weight.detach().t().contiguous(), (1024, weight.shape[0]))
         else:
             packed = tp.reorder_linear_weight(weight.detach())
     with _lock:
@@ -207,6 +213,38 @@ def choose(dtype: torch.dtype, M: int) -> str:
         if m_max is None or M <= m_max:
             return path
     return "torch"
+
+
+def choose_int8(M: int) -> str:
+    """The int8 path (:data:`INT8_PATHS`) for M rows: BTLIB_GEMM_INT8 where set (int_mm, onednn_int8 or auto), else
+    the faster one measured here (:func:`btlib.hardware.machine`'s int8 pick, switching where fp32's do);
+    int_mm where oneDNN's int8 ops are missing or broke in this process."""
+    value = os.environ.get("BTLIB_GEMM_INT8", "").strip().lower()
+    if value not in ("", "auto", *INT8_PATHS):
+        raise ValueError(f"BTLIB_GEMM_INT8 must be one of {INT8_PATHS} or auto; got {value!r}")
+    key = (torch.get_num_threads(), "int8", value)
+    got = _plans.get(key)
+    if got is None:
+        if value in INT8_PATHS:
+            got = ((None, value),)
+        else:
+            picks = hardware.machine().gemm_pick.get("int8")
+            got = tuple((m, p) for m, p in picks) if picks else ((None, "int_mm"),)
+        _plans[key] = got
+    for m_max, path in got:
+        if m_max is None or M <= m_max:
+            return path if path == "int_mm" or _int8_ok(path) else "int_mm"
+    return "int_mm"
+
+
+def _int8_ok(path: str) -> bool:
+    return (path, torch.int8) not in _broken and path_available(path, torch.int8) is None
+
+
+def int8_broke(path: str, error: Exception) -> None:
+    """Turn ``path`` (an int8 path) off for this process after it raised; :func:`choose_int8` takes int_mm from now on."""
+    _broken[(path, torch.int8)] = f"{path} raised: {str(error).splitlines()[0][:200]}"
+    _ready.discard((path, torch.int8))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",

@@ -11,8 +11,8 @@ of the next size fits, so an emulated bf16 (below 1 GFLOP/s on AVX2: ~0.2 s a ro
 stops at the first size instead of taking minutes. The pick for M between two measured sizes
 is the winner at the nearer one (geometric midpoint); above the largest, the largest's winner.
 
-int8 is measured for the report only (int_mm and onednn_int8; GOP/s of integer multiply-adds,
-activation quantization not included): btlib.quant owns the int8 path.
+int8: int_mm and onednn_int8 in GOP/s of integer multiply-adds, activation quantization not included (it is
+the same pass for both); btlib.quant's Int8Linear takes the pick (btlib.gemm.choose_int8).
 
 The paths come in as the ``gemm`` argument: btlib.gemm passes itself (through btlib.hardware.use_gemm),
 so this module imports nothing of btlib and sits below both the paths it times and the machine record
@@ -136,7 +136,7 @@ def picks(rates: dict[str, dict[int, float]]) -> list[list]:
 def measure_paths(gemm: ModuleType, budget_s: dict[str, float] | None = None) -> dict:
     """Every path of ``gemm`` (btlib.gemm) timed, and the picks, as btlib.hardware caches them:
 
-    {"gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16": [[M_max, path], ...]},
+    {"gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16" | "int8": [[M_max, path], ...]},
      "fp32_gflops", "bf16_gflops": the best rate of that precision over every path and M,
      "fp32_n", "bf16_n": the largest M timed}. Takes about sum(budget_s.values()) seconds (~3 s).
     """
@@ -145,6 +145,8 @@ def measure_paths(gemm: ModuleType, budget_s: dict[str, float] | None = None) ->
     for precision, budget in budget_s.items():
         rates = measure_precision(gemm, precision, budget)
         out["gemm"][precision] = {p: {str(M): r for M, r in by_M.items()} for p, by_M in rates.items()}
+        if precision == "int8" and rates:
+            out["gemm_pick"]["int8"] = picks(rates)
         if precision in _DTYPES:
             out["gemm_pick"][precision] = picks(rates) if rates else [[None, "torch"]]
             out[f"{precision}_gflops"] = max((r for by_M in rates.values() for r in by_M.values()), default=0.0)

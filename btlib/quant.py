@@ -7,7 +7,7 @@ Each nn.Linear y = x W^T + b (x: (M, K) tokens, W: (N, K)) becomes
 
     w_n   = max_k |W[n, k]| / 127          per output channel, once          (N,)
     s_m   = max_k |x[m, k] / a_k| / 127    per token, every call (dynamic)    (M, 1)
-    acc   = int8(x / a / s) @ int8(W a / w)^T                int32, torch._int_mm  (M, N)
+    acc   = int8(x / a / s) @ int8(W a / w)^T                exact integer sums (M, N): torch._int_mm or oneDNN
     y     = acc * w * s + b                                  fp32
 
 ``a`` (K,) is SmoothQuant's per-input-channel scale (Xiao et al. 2023, arXiv:2211.10438):
@@ -31,6 +31,12 @@ or 938 with plain torch ops; torchao 0.18's Int8DynamicActivationInt8Weight in e
 wants torch.compile). :func:`int8_gemm_gflops` measures this machine; :func:`int8_slow_reason` says
 where int8 does not pay.
 
+The GEMM itself takes the faster of two paths measured on this machine (btlib.gemm.choose_int8): torch._int_mm
+(int32 out) or oneDNN's int8 linear with pre-packed weights (uint8 activations with zero point 128, unit scales: the
+same sums as floats). Both feed the same dequantize pass, so they give the same bits. Measured on an Intel Xeon with
+AMX (2 threads), 1024 rows: K=384 -> N=1536 oneDNN ~2400 GOP/s vs _int_mm ~1400; K=1536 -> N=384 ~3000 vs ~2800;
+at 100-500 rows the two are within ~20% either way.
+
 torch.compile: not traceable in one graph (fullgraph=True raises). quantize_rows and dequantize
 (kernels/cpu/int8.cpp) are pybind functions, not torch ops, so dynamo cannot see into them, and the int8
 build's loader reads /proc/cpuinfo on the call path (the first graph break, on torch 2.13). The fp32 and bf16
@@ -46,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _torch_private as tp
+from . import _torch_private as tp, gemm
 from .attention import varlen_attention
 from .hardware import int8_gemm_gflops  # measured there, with the other rates; named here as before
 from .packed_encoder import PackedEncoder
@@ -121,25 +127,51 @@ class Int8Linear(nn.Module):
         self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth).float())
         self.register_buffer("weight_fp32", weight.detach().float(), persistent=False)  # (N, K), fp32: no copy
         self.activation = activation
+        self._ones: Tensor | None = None  # oneDNN's unit weight scales (N,), made at its first use
 
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None, *, path: str | None = None) -> Tensor:
         """x: (M, K) float32 -> act(x W^T + b) (+ residual (M, N)): (M, N) float32. Raises ValueError where autograd
-        would record the call."""
+        would record the call. path: "int_mm" or "onednn_int8" (default: btlib.gemm.choose_int8's for M)."""
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(f"Int8Linear: x requires grad, but {_NO_GRAD}")
+        if path is not None and path not in gemm.INT8_PATHS:
+            raise ValueError(f"path must be one of {gemm.INT8_PATHS} or None; got {path!r}")
         k = kernels()
         if k is None:
             return self._forward_torch(x, residual)
         M, N = x.shape[0], self.qweight_t.shape[1]
-        xq, s = k.quantize_rows(x.contiguous(), self.inv_smooth if self.inv_smooth is not None else _EMPTY)  # (M, K), (M, 1)
+        path = path or gemm.choose_int8(M)
+        onednn = path == "onednn_int8" and (packed := self._onednn_pack(path)) is not None
+        a = self.inv_smooth if self.inv_smooth is not None else _EMPTY
+        xq, s = k.quantize_rows(x.contiguous(), a, onednn)  # (M, K) int8 (uint8 + 128 for oneDNN), (M, 1)
         y = x.new_empty(M, N)
         b = self.bias if self.bias is not None else _EMPTY
         r = residual.contiguous() if residual is not None else None
         act = _ACT[self.activation]
-        for i in range(0, M, ROWS):  # row blocks: _int_mm's fast sizes, and acc stays in cache for dequantize
-            k.dequantize(tp.int_mm(xq[i:i + ROWS], self.qweight_t), s[i:i + ROWS], self.w_scale, b, act,
+        for i in range(0, M, ROWS):  # row blocks: the GEMMs' fast sizes, and acc stays in cache for dequantize
+            if onednn:  # unit scales, no bias: the integer sums as float32, rounded as dequantize rounds _int_mm's
+                try:
+                    acc = gemm.onednn_int8_linear(xq[i:i + ROWS], 1.0, 128, packed, self._ones, None)
+                except RuntimeError as e:  # off for this process (choose_int8 says int_mm from now on); this call too
+                    gemm.int8_broke(path, e)
+                    return self.forward(x, residual, path="int_mm")
+            else:
+                acc = tp.int_mm(xq[i:i + ROWS], self.qweight_t)
+            k.dequantize(acc, s[i:i + ROWS], self.w_scale, b, act,
                          _EMPTY if r is None else r[i:i + ROWS], y[i:i + ROWS])  # act and residual in the same pass
         return self._nonfinite_rows(x, s, y, residual)
+
+    def _onednn_pack(self, path: str) -> Tensor | None:
+        """oneDNN's packed copy of the int8 weight (btlib.gemm.pack: made once, remade after an in-place change);
+        None (and int_mm from now on) where oneDNN refuses it."""
+        try:
+            packed = gemm.pack(self.qweight_t, path)
+        except RuntimeError as e:
+            gemm.int8_broke(path, e)
+            return None
+        if self._ones is None:
+            self._ones = torch.ones(self.qweight_t.shape[1])
+        return packed
 
     def _forward_torch(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         xs = x * self.inv_smooth if self.inv_smooth is not None else x

@@ -125,6 +125,9 @@ def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
     assert out["fp32_gflops"] == max(r for by_M in fp32.values() for r in by_M.values())
     assert out["gemm_pick"]["fp32"][-1][0] is None and hardware_cache.problem(out) is None
+    if out["gemm"].get("int8"):  # btlib.quant follows the int8 pick (btlib.gemm.choose_int8)
+        assert out["gemm_pick"]["int8"] == gemm_measure.picks(
+            {p: {int(M): r for M, r in by_M.items()} for p, by_M in out["gemm"]["int8"].items()})
     assert gemm_measure.picks({"torch": {12: 50.0, 128: 150.0, 1024: 180.0}, "onednn": {12: 100.0, 128: 140.0}}) == \
         [[39, "onednn"], [None, "torch"]]
     assert gemm_measure.picks({"torch": {12: 5.0, 1024: 9.0}, "onednn": {12: 6.0, 1024: 10.0}}) == [[None, "onednn"]]

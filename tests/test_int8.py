@@ -4,6 +4,7 @@ Also the tests of btlib.smoothquant: calibrate (maxima against x.abs().amax, eve
 and quantize_auto (which runs sensitivity) against the single-thread answer.
 """
 
+import dataclasses
 import threading
 import warnings
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from btlib import PackedEncoder, device, quant, smoothquant
+from btlib import PackedEncoder, device, gemm, gemm_measure, hardware, quant, smoothquant
 
 from model_folder import needs_model
 
@@ -78,6 +79,118 @@ def test_int8_linear_adds_the_residual_and_keeps_nan_rows_exact():
         fixed = lin(x, r)[4]
     # the row recomputed in fp32 (inf times weights of both signs: NaN, as fp32 gives), residual added
     torch.testing.assert_close(fixed, F.gelu(F.linear(x[4:5], w, b))[0] + r[4], rtol=0, atol=0, equal_nan=True)
+
+
+_ONEDNN_INT8 = gemm.path_available("onednn_int8", torch.int8)
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.skipif(_ONEDNN_INT8 is not None, reason=str(_ONEDNN_INT8))
+@pytest.mark.parametrize("M, K, N", [(1, 96, 40), (17, 33, 7), (97, 384, 1536), (1500, 1536, 40)])  # 1500: two blocks
+@pytest.mark.parametrize("activation, smooth", [(None, False), ("gelu", True), ("relu", False)])
+def test_the_two_int8_gemm_paths_give_the_same_bits(M, K, N, activation, smooth):
+    """oneDNN's int8 linear (uint8 + 128, unit scales) returns _int_mm's integer sums as floats, so after the same
+    dequantize pass the two paths agree exactly, residual and non-finite rows included; the pack follows the weight."""
+    g = torch.Generator().manual_seed(M + K)
+    x, w, b = torch.randn(M, K, generator=g) * 20, torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    x[0, 0] = 1e4  # a large row: sums past 2^24 at K=1536, rounded alike by both conversions
+    if M > 2:
+        x[2, 1] = float("nan")
+    lin = quant.Int8Linear(w, b, torch.rand(K, generator=g) + 0.5 if smooth else None, activation)
+    r = torch.randn(M, N, generator=g)
+    with torch.inference_mode():
+        for res in (None, r):
+            a, c = lin(x, res, path="int_mm"), lin(x, res, path="onednn_int8")
+            torch.testing.assert_close(c, a, rtol=0, atol=0, equal_nan=True)
+        ref = {"gelu": F.gelu, "relu": F.relu}.get(activation, lambda t: t)(F.linear(x, w, b))
+        ok = x.isfinite().all(1) & (torch.arange(M) > 0)  # row 0's outlier squeezes its other entries to 0 (int8's limit)
+        if ok.any():  # and both are int8's answer (test_int8_linear_against_fp32 bounds it closely at K=96)
+            assert (c[ok] - ref[ok]).abs().max() < 0.05 * ref[ok].abs().max()
+
+
+@pytest.mark.skipif(_ONEDNN_INT8 is not None, reason=str(_ONEDNN_INT8))
+def test_onednn_int8_pack_is_remade_after_an_in_place_change():
+    x, w, b, lin = _lin(5, 32, 8)
+    with torch.no_grad():
+        before = lin(x, path="onednn_int8")
+        lin.qweight_t.neg_()  # W -> -W: the output without bias flips
+        after = lin(x, path="onednn_int8")
+    torch.testing.assert_close(after - b, -(before - b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.skipif(_ONEDNN_INT8 is not None, reason=str(_ONEDNN_INT8))
+def test_a_raising_onednn_int8_falls_back_to_int_mm_and_stays_off(monkeypatch):
+    x, w, b, lin = _lin(7, 32, 8)
+    with torch.no_grad():
+        want = lin(x, path="int_mm")
+
+        def broken(*args):
+            raise RuntimeError("onednn: could not create a primitive\nmore")
+        monkeypatch.setattr(gemm, "onednn_int8_linear", broken)
+        monkeypatch.setenv("BTLIB_GEMM_INT8", "onednn_int8")
+        try:
+            torch.testing.assert_close(lin(x, path="onednn_int8"), want, rtol=0, atol=0)
+            assert "could not create a primitive" in gemm.path_available("onednn_int8", torch.int8)
+            assert gemm.choose_int8(7) == "int_mm"  # off for the process, even where forced
+        finally:
+            gemm._broken.pop(("onednn_int8", torch.int8), None)
+    assert gemm.path_available("onednn_int8", torch.int8) is None
+
+
+def test_choose_int8_follows_btlib_gemm_int8_and_refuses_unknown_paths(monkeypatch):
+    for path in gemm.INT8_PATHS:
+        monkeypatch.setenv("BTLIB_GEMM_INT8", path)
+        expected = path if path == "int_mm" or _ONEDNN_INT8 is None else "int_mm"  # missing oneDNN: int_mm
+        assert gemm.choose_int8(1) == gemm.choose_int8(5000) == expected
+    monkeypatch.setenv("BTLIB_GEMM_INT8", "fbgemm")
+    with pytest.raises(ValueError, match="BTLIB_GEMM_INT8 must be one of"):
+        gemm.choose_int8(8)
+    monkeypatch.delenv("BTLIB_GEMM_INT8")
+    x, w, b, lin = _lin(3, 16, 4)
+    with pytest.raises(ValueError, match="path must be one of"):
+        lin(x, path="fbgemm")
+
+
+def test_choose_int8_takes_the_faster_path_measured_per_row_count(monkeypatch):
+    if _ONEDNN_INT8 is not None:
+        pytest.skip(str(_ONEDNN_INT8))
+    rates = {"int_mm": {"12": 300.0, "128": 1900.0, "1024": 1500.0}, "onednn_int8": {"12": 350.0, "128": 1200.0, "1024": 2400.0}}
+    by_M = {p: {int(M): r for M, r in v.items()} for p, v in rates.items()}
+    hw = dataclasses.replace(hardware.machine(), gemm={**hardware.machine().gemm, "int8": rates},
+                             gemm_pick={**hardware.machine().gemm_pick, "int8": gemm_measure.picks(by_M)})
+    monkeypatch.setattr(hardware, "machine", lambda **kw: hw)
+    monkeypatch.delenv("BTLIB_GEMM_INT8", raising=False)
+    gemm._plans.clear()
+    try:
+        # switch points at the geometric midpoints: sqrt(12 * 128) = 39, sqrt(128 * 1024) = 362
+        assert [gemm.choose_int8(M) for M in (1, 39, 40, 362, 363, 9000)] == \
+            ["onednn_int8", "onednn_int8", "int_mm", "int_mm", "onednn_int8", "onednn_int8"]
+    finally:
+        gemm._plans.clear()
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.parametrize("K", [1, 17, 384])
+def test_quantize_rows_u8_is_int8_plus_128_and_dequantize_takes_float_sums(K):
+    k = quant.kernels()
+    g = torch.Generator().manual_seed(K)
+    x = torch.randn(6, K, generator=g)
+    x[3, 0] = float("inf")
+    q, s = k.quantize_rows(x, quant._EMPTY)
+    u, s8 = k.quantize_rows(x, quant._EMPTY, True)
+    assert u.dtype == torch.uint8 and torch.equal(u.int() - 128, q.int())
+    torch.testing.assert_close(s8, s, rtol=0, atol=0, equal_nan=True)
+    assert u[3].eq(128).all()  # a non-finite row: zeros, as int8 gives
+    acc = torch.randint(-50000, 50000, (6, K + 3), generator=g, dtype=torch.int32)
+    w, b = torch.rand(K + 3, generator=g), torch.randn(K + 3, generator=g)
+    y_int, y_float = torch.empty(6, K + 3), acc.float()
+    k.dequantize(acc, s, w, b, 1, quant._EMPTY, y_int)
+    k.dequantize(y_float, s, w, b, 1, quant._EMPTY, y_float)  # in place, float sums
+    torch.testing.assert_close(y_float, y_int, rtol=0, atol=0, equal_nan=True)
+    y_nw = torch.empty(6, K + 3)
+    k.dequantize(acc, s, quant._EMPTY, quant._EMPTY, 0, quant._EMPTY, y_nw)  # w empty: unit scales
+    torch.testing.assert_close(y_nw, acc.float() * s, rtol=1e-6, atol=0, equal_nan=True)
 
 
 def test_quantize_rows_round_trips():

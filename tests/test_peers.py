@@ -151,8 +151,13 @@ def test_gemm_path_names_the_measured_choice_and_the_fallback():
            "gemm_pick": {"fp32": [[362, "onednn"], [None, "torch"]]}}
     assert peers.gemm_path(env, "fp32") == "onednn <= 362 tokens, torch above; best 188 GFLOP/s"
     assert peers.gemm_path(env, "bf16") == "F.linear; best 780 GFLOP/s"  # no choice recorded: btlib.gemm's fallback
-    assert peers.gemm_path(env, "int8") == "torch._int_mm (btlib.quant); best 2670 GOP/s"
-    assert peers.gemm_path({}, "int8") == "torch._int_mm (btlib.quant)" and peers.gemm_path({}, "fp32") == "F.linear"
+    assert peers.gemm_path(env, "int8") == "int_mm (btlib.quant); best 2670 GOP/s"  # a row saved before the int8 pick
+    env["gemm"]["int8"]["onednn_int8"] = {"12": 350.0, "1024": 3100.0}
+    env["gemm_pick"]["int8"] = [[None, "onednn_int8"]]
+    assert peers.gemm_path(env, "int8") == "onednn_int8 (btlib.quant); best 3100 GOP/s"
+    env["gemm_pick"]["int8"] = [[111, "onednn_int8"], [None, "int_mm"]]
+    assert peers.gemm_path(env, "int8") == "onednn_int8 <= 111 tokens, int_mm above (btlib.quant); best 3100 GOP/s"
+    assert peers.gemm_path({}, "int8") == "int_mm (btlib.quant)" and peers.gemm_path({}, "fp32") == "F.linear"
 
 
 def test_summary_pivots_rows_into_the_issue_table():

@@ -53,14 +53,16 @@ def gemm_path(env: dict, precision: str) -> str:
     """The GEMM path btlib's ``precision`` rows ran on, from a row's ``env`` (:func:`btlib.device.describe_machine`).
 
     fp32 / bf16: btlib.hardware's measured choice per token range (``gemm_pick``) and the best rate of that
-    precision; int8: btlib.quant's torch._int_mm and the best rate measured for it; F.linear where no choice is
-    recorded (btlib.gemm's fallback).
+    precision; int8: the same for btlib.quant's paths (int_mm where no int8 pick is recorded: rows saved before
+    the pick); F.linear where no choice is recorded (btlib.gemm's fallback).
     """
-    if precision == "int8":
-        rates = ((env.get("gemm") or {}).get("int8") or {}).get("int_mm") or {}
-        best = max(rates.values(), default=None)
-        return "torch._int_mm (btlib.quant)" + (f"; best {best:.0f} GOP/s" if best else "")
     pick = (env.get("gemm_pick") or {}).get(precision)  # [[M_max | None, path], ...]
+    if precision == "int8":
+        rates = (env.get("gemm") or {}).get("int8") or {}
+        best = max((r for by_M in rates.values() for r in by_M.values()), default=None)
+        where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
+                          for m, p in pick) if pick else "int_mm"
+        return f"{where} (btlib.quant)" + (f"; best {best:.0f} GOP/s" if best else "")
     rate = env.get(f"{precision}_gflops")
     if not pick:
         return "F.linear" + (f"; best {rate:.0f} GFLOP/s" if rate else "")

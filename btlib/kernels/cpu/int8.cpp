@@ -1,12 +1,15 @@
 // btlib's int8 linear layers (btlib/quant.py): the two memory-bound passes around torch._int_mm, fused.
 //
-//   quantize_rows  x (M, K) f32, a (K,) f32 or empty -> q (M, K) int8, s (M, 1) f32
+//   quantize_rows  x (M, K) f32, a (K,) f32 or empty, u8 -> q (M, K) int8, s (M, 1) f32
 //                  s_m = max_k |x[m,k] a_k| / 127,  q[m,k] = round(x[m,k] a_k / s_m)
+//                  u8: q is stored as uint8 q + 128 instead (oneDNN's int8 linear takes uint8 activations
+//                  with a zero point: 128 gives back the same integers, so the two GEMM paths sum the same products)
 //                  one read of x (the row stays in L1 between its two loops), one int8 write:
 //                  unfused torch ops take 5 passes over (M, K) floats (mul, abs, amax, div, round, cast).
 //                  A row holding NaN or inf gets s_m = NaN and q = 0 (casting NaN to int8 is undefined):
 //                  btlib/quant.py recomputes those rows in fp32, so NaN and inf propagate as in fp32.
-//   dequantize     acc (M, N) int32, s (M, 1), w (N,), b (N,) or empty, act, r (M, N) or empty -> into y (M, N) f32
+//   dequantize     acc (M, N) int32 or f32, s (M, 1), w (N,) or empty, b (N,) or empty, act, r (M, N) or empty
+//                  -> into y (M, N) f32 (y may be acc itself when acc is f32)
 //                  y[m,n] = act(acc[m,n] s_m w_n + b_n) + r[m,n]: one read of acc, one write of y; act 0 none,
 //                  1 exact GELU (vec.h's vgelu), 2 ReLU (torch ops: 4-5 passes with the activation and residual).
 //
@@ -85,17 +88,17 @@ inline uint32_t abs_bits(float x) {
   return b & 0x7fffffffu;
 }
 
-std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a) {
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a, bool u8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "quantize_rows: x must be a contiguous (M, K) float32 CPU tensor");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(a.numel() == 0 || (a.numel() == K && a.scalar_type() == at::kFloat && a.is_contiguous()),
               "quantize_rows: a must be empty or a contiguous (K,) float32 tensor");
-  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto q = at::empty({M, K}, x.options().dtype(u8 ? at::kByte : at::kChar));
   auto s = at::empty({M, 1}, x.options());
   const float* X = x.data_ptr<float>();
   const float* A = a.numel() ? a.data_ptr<float>() : nullptr;
-  int8_t* Q = q.data_ptr<int8_t>();
+  int8_t* Q = static_cast<int8_t*>(q.data_ptr());  // uint8 when u8: the same bytes, offset below
   float* S = s.data_ptr<float>();
   at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
@@ -111,7 +114,7 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a) 
         for (int64_t k = k0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k]));
       }
       if (mx_bits >= kInfBits) {  // NaN or inf in the row
-        std::memset(qr, 0, K);
+        std::memset(qr, u8 ? 0x80 : 0, K);
         S[m] = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
@@ -127,6 +130,10 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a) 
         for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * A[k] * inv));
       } else {
         for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * inv));
+      }
+      if (u8) {  // q + 128 as uint8 is q's bit pattern with the top bit flipped; the row is still in L1
+        auto* ur = reinterpret_cast<uint8_t*>(qr);
+        for (int64_t j = 0; j < K; ++j) ur[j] ^= 0x80u;
       }
       S[m] = scale;
     }
@@ -148,12 +155,15 @@ inline vf actv(vf v) {
   return v;
 }
 
-template <int64_t A>
-void dequantize_rows(const int32_t* C, const float* Sp, const float* Wt, const float* B, const float* R, float* Y,
+inline vf load_acc(const int32_t* p) { return load_i32(p); }
+inline vf load_acc(const float* p) { return vload(p); }
+
+template <int64_t A, typename T>
+void dequantize_rows(const T* C, const float* Sp, const float* Wt, const float* B, const float* R, float* Y,
                      int64_t M, int64_t N) {
   at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      const int32_t* cr = C + m * N;
+      const T* cr = C + m * N;
       const float* rr = R ? R + m * N : nullptr;
       float* yr = Y + m * N;
       const float sm = Sp[m];
@@ -161,27 +171,37 @@ void dequantize_rows(const int32_t* C, const float* Sp, const float* Wt, const f
       if (kVec) {
         const vf vs = vset1(sm);
         for (; n + W <= N; n += W) {
-          vf v = vmul(vmul(load_i32(cr + n), vs), vload(Wt + n));
+          vf v = vmul(load_acc(cr + n), vs);
+          if (Wt) v = vmul(v, vload(Wt + n));
           if (B) v = vadd(v, vload(B + n));
           v = actv<A>(v);
           vstore(yr + n, rr ? vadd(v, vload(rr + n)) : v);
         }
       }
       for (; n < N; ++n) {
-        const float v = act1<A>(static_cast<float>(cr[n]) * sm * Wt[n] + (B ? B[n] : 0.f));
+        const float v = act1<A>(static_cast<float>(cr[n]) * sm * (Wt ? Wt[n] : 1.f) + (B ? B[n] : 0.f));
         yr[n] = rr ? v + rr[n] : v;
       }
     }
   });
 }
 
+template <typename T>
+void dequantize_as(const T* C, const float* Sp, const float* Wt, const float* B, int64_t act, const float* R, float* Y,
+                   int64_t M, int64_t N) {
+  if (act == kGelu) dequantize_rows<kGelu>(C, Sp, Wt, B, R, Y, M, N);
+  else if (act == kRelu) dequantize_rows<kRelu>(C, Sp, Wt, B, R, Y, M, N);
+  else dequantize_rows<kNone>(C, Sp, Wt, B, R, Y, M, N);
+}
+
 void dequantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b, int64_t act,
                 const at::Tensor& r, at::Tensor& y) {
-  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt && acc.is_contiguous(),
-              "dequantize: acc must be a contiguous (M, N) int32 tensor");
+  TORCH_CHECK(acc.dim() == 2 && (acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat) && acc.is_contiguous(),
+              "dequantize: acc must be a contiguous (M, N) int32 or float32 tensor");
   const int64_t M = acc.size(0), N = acc.size(1);
   TORCH_CHECK(s.numel() == M && s.scalar_type() == at::kFloat && s.is_contiguous(), "dequantize: s must be (M, 1) float32");
-  TORCH_CHECK(w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous(), "dequantize: w must be (N,) float32");
+  TORCH_CHECK(w.numel() == 0 || (w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous()),
+              "dequantize: w must be empty or (N,) float32");
   TORCH_CHECK(b.numel() == 0 || (b.numel() == N && b.scalar_type() == at::kFloat && b.is_contiguous()),
               "dequantize: b must be empty or (N,) float32");
   TORCH_CHECK(r.numel() == 0 || (r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == at::kFloat &&
@@ -189,19 +209,19 @@ void dequantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w,
   TORCH_CHECK(act == kNone || act == kGelu || act == kRelu, "dequantize: act must be 0 (none), 1 (GELU) or 2 (ReLU)");
   TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N && y.scalar_type() == at::kFloat && y.is_contiguous(),
               "dequantize: y must be a contiguous (M, N) float32 tensor");
-  const int32_t* C = acc.data_ptr<int32_t>();
-  const float *Sp = s.data_ptr<float>(), *Wt = w.data_ptr<float>(), *B = b.numel() ? b.data_ptr<float>() : nullptr;
+  const float *Sp = s.data_ptr<float>(), *Wt = w.numel() ? w.data_ptr<float>() : nullptr;
+  const float* B = b.numel() ? b.data_ptr<float>() : nullptr;
   const float* R = r.numel() ? r.data_ptr<float>() : nullptr;
-  float* Y = y.data_ptr<float>();
-  if (act == kGelu) dequantize_rows<kGelu>(C, Sp, Wt, B, R, Y, M, N);
-  else if (act == kRelu) dequantize_rows<kRelu>(C, Sp, Wt, B, R, Y, M, N);
-  else dequantize_rows<kNone>(C, Sp, Wt, B, R, Y, M, N);
+  float* Y = y.data_ptr<float>();  // y == acc (float) is fine: each element is read before it is written
+  if (acc.scalar_type() == at::kInt) dequantize_as(acc.data_ptr<int32_t>(), Sp, Wt, B, act, R, Y, M, N);
+  else dequantize_as(acc.data_ptr<float>(), Sp, Wt, B, act, R, Y, M, N);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 of x * a: (q (M, K) int8, s (M, 1) float32)");
-  m.def("dequantize", &dequantize, "y (M, N) float32 = act(acc (M, N) int32 * s (M, 1) * w (N,) + b (N,)) + r (M, N); "
-        "b, r: tensors or empty; act 0/1/2: none/GELU/ReLU");
+  m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 of x * a: (q (M, K) int8, or uint8 q + 128 if u8, "
+        "s (M, 1) float32)", py::arg("x"), py::arg("a"), py::arg("u8") = false);
+  m.def("dequantize", &dequantize, "y (M, N) float32 = act(acc (M, N) int32 or float32 * s (M, 1) * w (N,) + b (N,)) "
+        "+ r (M, N); w, b, r: tensors or empty; act 0/1/2: none/GELU/ReLU");
 }
