@@ -58,3 +58,13 @@ def test_gpu_limits_match_the_cuda_header_and_the_registry():
     assert set(gpu_limits.DTYPES) == {torch.float16, torch.bfloat16, torch.float32}
     for name in ("triton_flash", "triton_flash_varlen", "cuda_flash", "cuda_flash_varlen"):
         assert get(name).max_head_dim == gpu_limits.MAX_HEAD_DIM and get(name).dtypes == gpu_limits.DTYPES
+
+
+def test_cpu_limits_quoted_in_python_match_core_h():
+    from btlib import blocks
+    from btlib.kernels.cpu import fake, ops
+
+    core = (ROOT / "btlib/kernels/cpu/core.h").read_text()
+    value = {name: int(re.search(rf"constexpr int64_t {name} = (\d+);", core).group(1)) for name in ("Br", "Bc", "kMaxD")}
+    assert ops.MAX_HEAD_DIM == fake.MAX_HEAD_DIM == value["kMaxD"]  # "# kMaxD in core.h"
+    assert (blocks.Br, blocks.Bc) == (value["Br"], value["Bc"])  # "# the C++ kernels' tile (core.h)"
