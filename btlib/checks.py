@@ -70,7 +70,7 @@ def window_reach(window) -> tuple[int, int]:
 
 
 def check_padded_inputs(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None) -> None:
-    """q: (B, H, T, D); k, v: (B, H, T, D) (self-attention lengths) ; lengths: (B,) int in [0, T]."""
+    """q: (B, H, T, D); k, v: (B, H, S, D); lengths: (B,) int in [0, min(T, S)], one per row for queries and keys."""
     _check_common(q, k, v, 4, "padded")
     B, H, T, D = q.shape
     if k.shape[:2] != (B, H) or k.shape[3] != D:

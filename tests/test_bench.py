@@ -8,6 +8,9 @@ import torch
 from btlib import bench
 from btlib.bench.__main__ import main as bench_main
 
+# peak_memory, table / plot / load_rows and quick_mode, reached through btlib.bench.
+TESTED_HERE = ["btlib.bench.memory", "btlib.bench.report", "btlib.quick"]
+
 
 def toy(providers):
     return bench.Benchmark(

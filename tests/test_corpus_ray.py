@@ -8,6 +8,9 @@ from btlib.serve import CorpusEmbedder
 from btlib.serve.extras import missing
 from model_folder import needs_model
 
+# CorpusEmbedder and ray_embed_parquet, imported through btlib.serve.
+TESTED_HERE = ["btlib.serve.corpus"]
+
 pytestmark = needs_model
 
 TEXTS = ["ray data streams batches", "a", "", "each actor loads the model once and embeds many batches of rows",

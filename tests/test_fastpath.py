@@ -9,6 +9,9 @@ from torch import nn
 from btlib import explain_fastpath, ops_that_ran
 from btlib.models import EncoderConfig, build_encoder
 
+# explain_fastpath, imported through btlib.
+TESTED_HERE = ["btlib.fastpath"]
+
 D, H, FF = 16, 2, 32
 
 

@@ -24,6 +24,9 @@ from btlib.kernels import get, kernels, relative_error
 from btlib.kernels.cuda import build, emulate
 from btlib.kernels.registry import EXACT, LOW_PRECISION_FACTOR
 
+# The ops modules register triton_flash* and cuda_flash*, which these tests reach through the registry and bench.
+TESTED_HERE = ["btlib.kernels.triton", "btlib.kernels.triton.ops", "btlib.kernels.cuda.ops", "btlib.bench.gpu_attention"]
+
 GPU_KERNELS = ("triton_flash", "triton_flash_varlen", "cuda_flash", "cuda_flash_varlen")
 
 

@@ -20,6 +20,9 @@ import torch
 
 from btlib.kernels import check, kernels
 
+# torch_ops registers the reference and torch_sdpa* kernels that kernels() yields here.
+TESTED_HERE = ["btlib.kernels.torch_ops"]
+
 DTYPE = {str(d).replace("torch.", ""): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 

@@ -12,6 +12,9 @@ from btlib.pretrained import CheckpointError, ModernBertEncoder, Pooling
 from btlib.pretrained.modernbert_config import spec_from_config
 from btlib.pretrained.reference import transformers_available
 
+# load_pretrained on a ModernBERT folder goes through load_modernbert.
+TESTED_HERE = ["btlib.pretrained.modernbert"]
+
 pytestmark = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(56)]

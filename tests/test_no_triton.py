@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # Makes `import triton` fail in the child process as it does where triton is not installed.
 BLOCK = """
 import importlib.util, sys
@@ -51,3 +53,17 @@ def test_flash_attn_imports_and_explains_without_triton():
         real = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"})
         assert res.stdout.splitlines()[0] == real.stdout.strip(), real.stderr[-2000:]
+
+
+def test_stand_ins_compute_like_triton_and_refuse_to_launch():
+    from btlib.kernels.triton import _no_triton
+
+    t = _no_triton.triton
+    assert [t.cdiv(a, 16) for a in (0, 1, 15, 16, 17, 97)] == [0, 1, 1, 1, 2, 7]
+    for n in range(1, 300):
+        p = t.next_power_of_2(n)
+        assert p >= n and p & (p - 1) == 0 and p // 2 < n, n  # the smallest power of two >= n
+    kernel = t.jit(lambda x: x)
+    for launch in (lambda: kernel[(1,)](0), lambda: kernel(0)):
+        with pytest.raises(RuntimeError, match="Linux x86_64 only"):
+            launch()

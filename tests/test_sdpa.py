@@ -20,6 +20,9 @@ from btlib.kernels import relative_error
 from btlib.models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from btlib.sdpa import BACKENDS, explain_sdpa, run_forced, sdpa_ops
 
+# explain_sdpa and run_forced through btlib.sdpa; the sdpa benchmarks through load_all.
+TESTED_HERE = ["btlib.sdpa.explain", "btlib.sdpa.forced", "btlib.bench.sdpa"]
+
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
                                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 B, H, T, D = 2, 4, 16, 32

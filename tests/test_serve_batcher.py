@@ -10,6 +10,9 @@ import torch
 from btlib.serve import BatchEncoder, InputTooLong, Overloaded, percentile, prometheus_text
 from model_folder import needs_model
 
+# BatchEncoder, percentile and prometheus_text, imported through btlib.serve.
+TESTED_HERE = ["btlib.serve.batcher", "btlib.serve.stats"]
+
 pytestmark = needs_model
 
 QUERIES = ["what is packing?", "a", "how do padded batchers waste work when lengths mix in one batch", "", "cu_seqlens",

@@ -50,6 +50,9 @@ class WordTokenizer:
     _pattern = re.compile(r"\w+|[^\w\s]")
 
     def __init__(self, vocab_size: int = 250002, max_length: int = 512):
+        if vocab_size <= 3 or max_length < 2:
+            raise ValueError(f"WordTokenizer needs vocab_size > 3 (ids 0-2 are special) and max_length >= 2 (<s> and </s>), "
+                             f"got vocab_size={vocab_size}, max_length={max_length}")
         self.vocab_size, self.max_length = vocab_size, max_length
 
     def encode(self, text: str) -> list[int]:
@@ -58,6 +61,8 @@ class WordTokenizer:
 
     def __call__(self, texts: list[str]) -> Tensor:
         """(B, T) int64 token ids, right-padded with PAD to the longest text."""
+        if not texts:
+            raise ValueError("WordTokenizer needs at least one text to make a (B, T) batch")
         seqs = [self.encode(t) for t in texts]
         T = max(len(s) for s in seqs)
         return torch.tensor([s + [PAD] * (T - len(s)) for s in seqs])

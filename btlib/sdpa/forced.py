@@ -83,6 +83,8 @@ def catch_messages(logger: str = tp.NESTED_SDPA_LOGGER) -> Iterator[list[str]]:
 
 def forced_backend(backend: str) -> contextlib.AbstractContextManager:
     """A context in which SDPA may use only ``backend`` (an SDPBackend name, e.g. "FLASH_ATTENTION")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown SDPA backend {backend!r}: use one of {', '.join(BACKENDS)}")
     return sdpa_kernel([SDPBackend.__members__[backend]])
 
 

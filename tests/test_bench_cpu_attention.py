@@ -1,0 +1,30 @@
+"""btlib.bench.cpu_attention: notebook 04's two benchmarks check out at their quick sizes, and matmul_peak measures.
+
+Quick sizes are T = 64, 97 (fp32) and 32, 97 (bf16): one tile multiple and one not. Every provider must pass the
+benchmark's check (v1, v2, v3 against the fp32 reference at 1e-5; bf16 v3 within 2x SDPA's own bf16 error).
+"""
+
+import pytest
+import torch
+
+from btlib.bench import load_all, run
+from btlib.bench.cpu_attention import matmul_peak
+
+
+@pytest.mark.parametrize("name, providers", [
+    ("cpu_attention_versions", {"reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa"}),
+    ("attention_dense_bf16", {"cpu_flash_v3", "torch_sdpa"}),
+])
+def test_cpu_benchmarks_check_out_quick(name, providers):
+    bench = load_all()[name]
+    assert {p.name for p in bench.providers()} == providers
+    rows = run(bench, quick=True, warmup=0, min_runs=1, max_runs=1, save=False)
+    assert {r["x"] for r in rows} == set(bench.quick["x_vals"])
+    bad = [(r["provider"], r["x"], r["status"], r.get("reason", r.get("error"))) for r in rows if r["status"] != "ok"]
+    assert not bad, bad
+
+
+def test_matmul_peak_restores_threads_and_is_positive():
+    before = torch.get_num_threads()
+    assert matmul_peak(n=64, threads=1, rounds=1) > 0
+    assert torch.get_num_threads() == before
