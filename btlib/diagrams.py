@@ -257,6 +257,8 @@ def simulate_batcher(arrivals_ms, tokens, *, max_batch_tokens: int = 512, max_wa
     """
     arr = [float(a) for a in arrivals_ms]
     tok = [check_int(t, f"tokens[{n}]", low=1) for n, t in enumerate(tokens)]
+    if not (c0_ms >= 0 and c1_ms >= 0 and max_wait_ms >= 0):
+        raise ValueError(f"c0_ms, c1_ms and max_wait_ms must be >= 0; got {c0_ms}, {c1_ms}, {max_wait_ms}")
     if len(arr) != len(tok):
         raise ValueError(f"one token count per arrival: got {len(arr)} arrivals and {len(tok)} token counts")
     pending = sorted(range(len(arr)), key=lambda n: (arr[n], n))

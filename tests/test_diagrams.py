@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 import btlib  # noqa: E402
-from btlib import diagrams  # noqa: E402
+from btlib import bench, diagrams  # noqa: E402
 from btlib.blocks import DEAD, tile_map  # noqa: E402
 
 
@@ -92,6 +92,8 @@ def test_batcher_edge_cases():
     assert one[0].requests == (0,) and one[0].start_ms == 5.0
     with pytest.raises(ValueError, match="one token count per arrival"):
         diagrams.simulate_batcher([1.0], [1, 2])
+    with pytest.raises(ValueError, match=">= 0"):
+        diagrams.simulate_batcher([1.0], [1], c0_ms=-1.0)
     diagrams.draw_batcher([5.0], [1])
 
 
@@ -105,3 +107,12 @@ def test_palette_one_colour_per_method():
     assert c("some_new_method") == c("some_new_method")  # unknown: a spare colour, stable
     s = diagrams.method_style("ort_int8_sorted")
     assert s["linestyle"] == ":" and s["marker"] == "s" and diagrams.method_style("packed_bf16")["linestyle"] == "--"
+
+
+def test_bench_plot_takes_each_providers_colour_from_the_palette():
+    rows = [{"benchmark": "toy", "provider": prov, "x_name": "x", "x": x, "status": "ok", "median_ms": ms}
+            for prov, ms in (("packed_bf16", 1.0), ("fastpath", 2.0), ("ideal", 0.5)) for x in (1, 2)]
+    ax = bench.plot(rows)
+    assert [(line.get_label(), line.get_color()) for line in ax.lines] == \
+        [(p, diagrams.method_color(p)) for p in ("packed_bf16", "fastpath", "ideal")]
+    assert ax.lines[0].get_linestyle() == "--" and ax.lines[1].get_linestyle() == "-"
