@@ -63,9 +63,12 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
     """Plot one benchmark's rows: x axis against ``metric`` (or speedup over ``baseline``) per provider.
 
     ideal: optional {x: value} drawn as a dashed line labelled ``ideal_label`` (e.g. 1 / (1 - p)).
+    Each provider takes its colour and line style from btlib.diagrams.method_style: the same in every plot.
     Returns the matplotlib Axes.
     """
     import matplotlib.pyplot as plt
+
+    from ..diagrams import method_style
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 4))
@@ -76,7 +79,7 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
                if r["provider"] == prov and (not sp or (r["benchmark"], prov, r["x"]) in sp)]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", label=prov)
+            ax.plot(xs, ys, label=prov, **method_style(prov))
     if ideal:
         ax.plot(list(ideal), list(ideal.values()), "k--", label=ideal_label)
     if ok:
