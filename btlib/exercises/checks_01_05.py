@@ -62,7 +62,7 @@ def ex_01_2(predicted_mib, measure: Callable[[], float]) -> Verdict:
 
 
 def speedup(exercise: str, value, name: str, measure: Callable, *, rel: float, above: str, below: str,
-            what: str) -> Verdict:
+            what: str, note: str | None = None) -> Verdict:
     """A predicted speedup against measure() -> bench.Comparison, accepted within rel or the measured noise,
     whichever is larger; ``what`` names the two paths in the verdict."""
     measured = {}
@@ -72,7 +72,8 @@ def speedup(exercise: str, value, name: str, measure: Callable, *, rel: float, a
         return measured["c"].ratio
 
     def judge() -> Verdict:
-        v = numeric(exercise, value, name, ratio, rel=rel, against="the measured speedup", above=above, below=below)
+        v = numeric(exercise, value, name, ratio, rel=rel, against="the measured speedup", above=above, below=below,
+                    note=note)
         c = measured.get("c")
         if c is None or not (v.correct or abs(float(value) / c.ratio - 1) <= c.noise):
             return v
@@ -81,9 +82,11 @@ def speedup(exercise: str, value, name: str, measure: Callable, *, rel: float, a
     return judge() if value is None else guarded(exercise, judge)
 
 
-def ex_02_1(predicted_speedup, measure: Callable) -> Verdict:
-    """predicted_speedup against the measured nested-over-dense ratio (a bench.Comparison), within 20% or its noise."""
-    return speedup("02-1", predicted_speedup, "predicted_speedup", measure, rel=0.20,
+def ex_02_1(predicted_speedup, measure: Callable, padding: float) -> Verdict:
+    """predicted_speedup against the measured nested-over-dense ratio (a bench.Comparison), within 20% or its noise.
+    padding: the batch's padding fraction, whose bound 1/(1-p) the verdict recalls (the cost model, not the answer)."""
+    bound = f"your batch is {padding:.0%} padding: skipping it can make the linear layers at most {1 / (1 - padding):.2f}x faster"
+    return speedup("02-1", predicted_speedup, "predicted_speedup", measure, rel=0.20, note=f"set predicted_speedup; {bound}",
                    what="the nested path against the dense fastpath",
                    above="1/(1-p) bounds what skipping padding can gain in the linear layers; the nested path also "
                          "builds and unpacks nested tensors, and not all of the time is FLOPs",
@@ -173,7 +176,7 @@ def ex_03_3(my_peak_bytes: Callable, measure: Callable[[], float]) -> Verdict:
     """my_peak_bytes(2, 4, 300, 64) against naive_attention's measured peak, within 5%."""
     return guarded("03-3", lambda: numeric(
                    "03-3", my_peak_bytes(2, 4, 300, 64), "my_peak_bytes(2, 4, 300, 64)", measure, rel=0.05,
-                   unit="bytes", against="the measured peak",
+                   unit="bytes", against="the measured peak", note="my_peak_bytes returns None",
                    above="a temporary freed before the next one is allocated does not add to the peak",
                    below="count every (B, H, T, T) and (B, H, T, D) tensor naive_attention holds at the same moment, "
                          "4 bytes per fp32 element",

@@ -89,12 +89,13 @@ def _number(value) -> float | None:
 
 def numeric(exercise: str, value, name: str, measure: Callable[[], float], *, rel: float | None = None,
             abs_tol: float | None = None, unit: str = "", against: str = "the measurement",
-            above: str, below: str, verified: Callable[[float, float], str] | None = None) -> Verdict:
+            above: str, below: str, verified: Callable[[float, float], str] | None = None,
+            note: str | None = None) -> Verdict:
     """A number against ``measure()`` (called only once ``value`` is set: it may take seconds or allocate what
     the learner predicts). Accepts |value - m| <= rel * m (or <= abs_tol); else the hint says above or below
-    ``against`` and adds ``above`` or ``below``, the idea to revisit."""
+    ``against`` and adds ``above`` or ``below``, the idea to revisit. ``note``: what "not attempted yet" adds."""
     if value is None:
-        return not_attempted(exercise, f"set {name}")
+        return not_attempted(exercise, note or f"set {name}")
 
     def judge() -> Verdict:
         x = _number(value)
