@@ -110,22 +110,28 @@ def _same_tensor(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+FUSED, NESTED = "aten::_transformer_encoder_layer_fwd", "aten::_nested_tensor_from_mask"
+
+
 def ex_02_2(original: tuple, broken: tuple, run: Callable) -> Verdict:
-    """original and broken: (encoder, x, mask) before and after break_it; run() -> (FastpathReport, ops that ran)
-    on the broken triple. Correct once the fused layer no longer runs."""
+    """original and broken: (encoder, x, mask) before and after break_it; run(triple) -> (FastpathReport, ops that
+    ran). Correct once the fused layer, or the nested-tensor sparsity path, ran on the original and not after."""
     (enc, x, mask), (enc_b, x_b, mask_b) = original, broken
     if _same_module(enc, enc_b) and _same_tensor(x_b, x) and _same_tensor(mask_b, mask):
         return not_attempted("02-2", "break_it changes nothing yet")
 
     def judge() -> Verdict:
-        report, ops = run()
-        if "aten::_transformer_encoder_layer_fwd" in ops:
-            return not_yet("02-2", "the fused layer still ran: the fastpath looks at the module's mode and options, "
-                                   "autograd, and the dtypes of the input and the mask, not at weight values")
-        agree = report.confirm(ops) == []
+        _, before = run(original)
+        report, ops = run(broken)
+        lost = [what for op, what in ((FUSED, "the fused layer"), (NESTED, "the nested-tensor sparsity path"))
+                if op in before and op not in ops]
+        if not lost:
+            return not_yet("02-2", "the fastpath still runs as before: it looks at the module's mode and options, "
+                                   "autograd, and the dtypes of the input and the mask (some options only when the encoder is "
+                                   "built), not at weight values")
         reason = next((line.strip() for line in str(report).splitlines() if "blocked" in line), str(report).splitlines()[0])
-        return correct("02-2", f"the fused layer did not run; the explainer says {reason!r}; "
-                               f"its prediction and the profile agree: {agree}")
+        return correct("02-2", f"{' and '.join(lost)} no longer ran; the explainer says {reason!r}; "
+                               f"its prediction and the profile agree: {report.confirm(ops) == []}")
     return guarded("02-2", judge)
 
 
