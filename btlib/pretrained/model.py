@@ -11,6 +11,8 @@ and nested tensors apply to it as they did with Optimum's BetterTransformer; ``p
 (the default) never pads at all: token ids are packed straight from the tokenizer, embedded,
 run through btlib.PackedEncoder and pooled per sequence with segment sums by ``model.head``, the
 folder's sentence-transformers modules (btlib.pretrained.st_modules: Pooling, Dense, Normalize).
+``encode`` is btlib.pretrained.encoding's loop, the one ModernBERT runs too; this module supplies the
+embeddings, the packed forward and PyTorch's padded paths (``_forward_packed``, ``_forward_padded``).
 
 torch.compile: ``model.packed_encoder(dtype).forward_packed``, the encoder part of the packed path,
 traces whole (fullgraph=True) with btlib's C++ attention kernel inside (tests/test_compile.py);
@@ -19,7 +21,6 @@ traces whole (fullgraph=True) with btlib's C++ attention kernel inside (tests/te
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from typing import Sequence
 
@@ -30,11 +31,11 @@ from torch import Tensor, nn
 from ..observe import run_slow
 from ..models.encoder import dense_twin
 from ..packed_encoder import PackedEncoder
-from ..padding import lengths_to_cu_seqlens
-from ..precision import (ENCODE_PRECISIONS, SlowPrecisionWarning, check_precision, resolve_dtype, warn_if_slow_bf16,
-                         warn_if_slow_int8)
+from ..padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
+from ..precision import SlowPrecisionWarning
 from .checkpoint import CheckpointSpec
-from .st_modules import HasHead, Pooling, SentenceHead
+from .encoding import PackedTokens, Prompts, SentenceEncoder, check_encode_args, check_texts, pack_ids
+from .st_modules import Pooling, SentenceHead
 
 __all__ = ["PretrainedEncoder", "PATHS", "Pooling", "check_texts"]
 
@@ -69,49 +70,17 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
-class Prompts:
-    """sentence-transformers' prompts, shared by every encoder: ``prompts``, ``default_prompt_name``, ``special_ids``."""
-
-    tokenizer: object
-    prompts: dict[str, str | None]
-    default_prompt_name: str | None
-    special_ids: frozenset[int]
-
-    def set_prompts(self, prompts: dict[str, str | None] | None, default_prompt_name: str | None,
-                    special_ids: frozenset[int] | set[int] = frozenset()) -> None:
-        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
-        self.prompts = {"query": None, "document": None, **(prompts or {})}
-        self.default_prompt_name, self.special_ids = default_prompt_name, frozenset(special_ids)
-
-    def prompt_length(self, prompt: str | None) -> int | None:
-        """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
-        pooling when include_prompt is false. None for no prompt."""
-        if not prompt:
-            return None
-        ids = self.tokenizer.encode(prompt).ids
-        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
-
-    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt must be a str; got {type(prompt).__name__}")
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(self.prompts)}")
-            return self.prompts[prompt_name]
-        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
-
-
-class PretrainedEncoder(Prompts, HasHead, nn.Module):
+class PretrainedEncoder(SentenceEncoder, nn.Module):
     """Embeddings + nn.TransformerEncoder + the folder's sentence-transformers head, from a Hugging Face-format folder.
 
     pooling: a :class:`Pooling` shorthand or a :class:`SentenceHead` (kept as ``model.head``).
     prompts / default_prompt_name: config_sentence_transformers.json's. token_types: whether transformers'
     tokenizer for this folder hands token_type_ids to the model (None: unknown, pairs are refused).
     special_ids: the ids transformers counts as special (a prompt's trailing [SEP] is not part of it).
+    encode / tokenize: btlib.pretrained.encoding.SentenceEncoder's, with this class's forward paths.
     """
+
+    PATHS = PATHS
 
     def __init__(self, spec: CheckpointSpec, tokenizer, max_length: int, pooling: Pooling | SentenceHead, *,
                  prompts: dict[str, str | None] | None = None, default_prompt_name: str | None = None,
@@ -128,20 +97,14 @@ class PretrainedEncoder(Prompts, HasHead, nn.Module):
         self._int8: PackedEncoder | None = None
         self.eval()
 
-    # -- tokens ------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str | tuple[str, str]]) -> list[list[int]]:
-        """Token ids per text (or pair), with the special tokens, truncated to ``max_length``; no padding."""
-        return [e.ids for e in self.tokenizer.encode_batch([t if isinstance(t, str) else tuple(t) for t in texts])]
-
+    # -- tokens (SentenceEncoder.tokenize: pairs as transformers encodes them) ----------------
     def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], list[list[int]] | None]:
         """(ids, token types or None for all-0) per text; the prompt goes before each text (a pair's first text)."""
         pairs = [not isinstance(t, str) for t in texts]
         if any(pairs) and self.token_types is None and self.spec.type_vocab_size > 1:
             raise ValueError("pairs need to know whether this folder's tokenizer hands token_type_ids to the model, and "
                              "its tokenizer_config.json's tokenizer_class is not one btlib knows; pass single texts")
-        if prompt:
-            texts = [prompt + t if isinstance(t, str) else (prompt + t[0], t[1]) for t in texts]
-        enc = self.tokenizer.encode_batch([t if isinstance(t, str) else tuple(t) for t in texts])
+        enc = self._encodings(texts, prompt)
         if not self.token_types or self.embeddings.token_type is None:
             return [e.ids for e in enc], None
         types = [e.type_ids for e in enc]
@@ -167,7 +130,7 @@ class PretrainedEncoder(Prompts, HasHead, nn.Module):
         if cu_seqlens is None:
             return real.cumsum(-1) * real + pad
         c = torch.cat([real.new_zeros(1), real.cumsum(0)])  # (total + 1,) real tokens before each index
-        before = torch.repeat_interleave(c[cu_seqlens[:-1].long()], cu_seqlens.diff().long())  # per sequence start
+        before = c[cu_seqlens[:-1].long()][segment_ids(cu_seqlens.diff())]  # per token: its sequence's start
         return (c[1:] - before) * real + pad
 
     # -- forward paths -----------------------------------------------------------------------
@@ -189,111 +152,30 @@ class PretrainedEncoder(Prompts, HasHead, nn.Module):
                 self._int8 = quantize_auto(self.packed_encoder(), [batch])
         return self._int8
 
+    def _embed(self, tokens: PackedTokens) -> Tensor:
+        """Packed token ids (and types) -> embedded tokens (total, d) float32."""
+        return self.embeddings(tokens.ids, self.positions(tokens.ids, tokens.cu_seqlens), tokens.types)
+
     def _packed_inputs(self, ids: list[list[int]], types: list[list[int]] | None = None) -> tuple[Tensor, Tensor, int]:
         """Token ids (N lists) -> embedded packed tokens (total, d) float32, cu_seqlens (N + 1,) int32, max_seqlen."""
-        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids]))
-        flat = torch.tensor([t for s in ids for t in s], dtype=torch.int64)  # (total,) packed straight from the tokenizer
-        tt = None if types is None else torch.tensor([t for s in types for t in s], dtype=torch.int64)
-        return self.embeddings(flat, self.positions(flat, cu_seqlens), tt), cu_seqlens, max_seqlen
+        tokens = pack_ids(ids, types)
+        return self._embed(tokens), tokens.cu_seqlens, tokens.max_seqlen
 
-    def _encode_packed(self, ids: list[list[int]], types: list[list[int]] | None, dtype: torch.dtype,
-                       encoder: PackedEncoder | None, prompt_length: int | None) -> Tensor:
-        x, cu_seqlens, max_seqlen = self._packed_inputs(ids, types)
-        h = (encoder or self.packed_encoder(dtype)).forward_packed(x.to(dtype), cu_seqlens, max_seqlen)
-        return self.head(h.float(), cu_seqlens, prompt_length)  # (total, d) -> (B, out)
+    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: PackedEncoder | None) -> Tensor:
+        """Embeddings, then the PackedEncoder in ``dtype`` (or the int8 twin): (total, d) in ``dtype``."""
+        x = self._embed(tokens).to(dtype)
+        return (quantized or self.packed_encoder(dtype)).forward_packed(x, tokens.cu_seqlens, tokens.max_seqlen)
 
-    def _encode_padded(self, ids: list[list[int]], types: list[list[int]] | None, path: str,
-                       prompt_length: int | None) -> Tensor:
+    def _forward_padded(self, ids: list[list[int]], types: list[list[int]] | None, path: str) -> tuple[Tensor, Tensor]:
+        """PyTorch's paths on a right-padded (B, T) batch; the real tokens' states come back packed, so that one
+        pooling serves every path."""
         T, pad_id = max(len(s) for s in ids), self.spec.pad_token_id
         tokens = torch.tensor([s + [pad_id] * (T - len(s)) for s in ids], dtype=torch.int64)  # (B, T)
         lengths = torch.tensor([len(s) for s in ids])
-        pad = torch.arange(T).view(1, T) >= lengths.view(-1, 1)  # (B, T), True at padding
+        pad = lengths_to_padding_mask(lengths, T)  # (B, T), True at padding
         tt = None if types is None else torch.tensor([s + [0] * (T - len(s)) for s in types], dtype=torch.int64)
         x = self.embeddings(tokens, self.positions(tokens), tt)
         enc = self.encoder if path == "fastpath_nested" else dense_twin(self.encoder)
         h = run_slow(enc, x, src_key_padding_mask=pad) if path == "slow" else enc(x, src_key_padding_mask=pad)  # (B, T, d)
-        cu_seqlens, _ = lengths_to_cu_seqlens(lengths)
-        return self.head(h[~pad], cu_seqlens, prompt_length)  # the real tokens, packed: one pooling for every path
-
-    def encode(self, texts: Sequence[str | tuple[str, str]], *, batch_size: int = 64, path: str = "packed",
-               precision: str | None = None, prompt_name: str | None = None, prompt: str | None = None) -> Tensor:
-        """Sentence embeddings (N, out) float32, as sentence-transformers computes them (its modules, in order).
-
-        texts: str, or (a, b) pairs, encoded as transformers encodes pairs ([CLS] a [SEP] b [SEP], token type 1
-        on b where the tokenizer hands token types to the model, truncation longest-first).
-        prompt / prompt_name: sentence-transformers' prompts (prepended to each text; a pair's first text);
-        without either, the folder's default_prompt_name applies. A Pooling with include_prompt false leaves
-        the prompt's tokens out.
-        path: "packed" (default, no padding anywhere), or PyTorch's "fastpath_nested", "fastpath"
-        (dense) and "slow" (fastpath disabled); "packed_bf16" is "packed" with precision="bf16".
-        precision (packed paths only): None or "fp32" (default), "bf16" (explicit: warns once where
-        bf16 is not native, with the measured slowdown), or "auto" (bf16 only where it is native and
-        measured faster: btlib.choose_precision() says what it picks here and why), or "int8" (explicit
-        only, never picked by "auto": int8 linear layers, attention and LayerNorm in fp32, embeddings within
-        cosine 0.995 of fp32 on the workbook's corpora; see btlib.quant; warns once where this CPU's int8
-        matmuls are not faster than fp32).
-        batch_size: texts per forward, >= 1 (a Python or numpy integer).
-        """
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {PATHS}; got {path!r}")
-        precision = check_encode_args(texts, batch_size, path, precision)
-        check_texts(texts)
-        batch_size = int(batch_size)
-        path = "packed" if path == "packed_bf16" else path
-        if not path.startswith("packed") and precision not in (None, "fp32"):
-            raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
-        prompt = self.resolve_prompt(prompt, prompt_name)
-        prompt_length = self.prompt_length(prompt)
-        encoder = None
-        if precision == "int8":
-            warn_if_slow_int8("PretrainedEncoder.encode in int8")
-            encoder, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
-        dtype = resolve_dtype(precision)
-        if precision == "bf16":
-            warn_if_slow_bf16("PretrainedEncoder.encode in bf16")
-        out = []
-        with torch.inference_mode():
-            for i in range(0, len(texts), batch_size):
-                ids, types = self._token_ids(texts[i:i + batch_size], prompt)
-                out.append(self._encode_packed(ids, types, dtype, encoder, prompt_length) if path == "packed"
-                           else self._encode_padded(ids, types, path, prompt_length))
-        return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
-
-
-def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
-    """(total,) int64 position of each packed token inside its own sequence: 0, 1, ... restarting per sequence."""
-    starts = cu_seqlens[:-1].long()
-    return torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, cu_seqlens.diff().long())
-
-
-def check_encode_args(texts, batch_size: int, path: str, precision: str | None,
-                      precisions: tuple[str, ...] = ENCODE_PRECISIONS, who: str | None = None) -> str | None:
-    """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16').
-
-    precision: None or one of ``precisions`` (btlib.precision.check_precision; ``who`` names the model in the
-    error for a precision it does not offer). batch_size: a positive Python or numpy integer (numbers.Integral;
-    bool is refused).
-    """
-    check_precision(precision, precisions, who=who)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-    if isinstance(texts, (str, bytes)):
-        raise TypeError("encode takes a list of texts; wrap a single text in a list")
-    if not hasattr(texts, "__len__") or not hasattr(texts, "__getitem__"):
-        raise TypeError(f"encode takes a list of texts; got {type(texts).__name__} (make it a list first)")
-    if path == "packed_bf16":
-        if precision not in (None, "bf16"):
-            raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
-        return "bf16"
-    return precision
-
-
-def check_texts(texts: Sequence) -> None:
-    """Every item is a str or a (str, str) pair; TypeError naming the first that is not, and what to pass."""
-    for i, t in enumerate(texts):
-        if isinstance(t, str):
-            continue
-        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
-            continue
-        raise TypeError(f"texts[{i}] is {type(t).__name__} {t!r:.40}; encode takes str texts or (str, str) pairs "
-                        "(decode bytes, convert numbers with str(), drop None)")
+        real = pack(h, lengths)
+        return real.tokens, real.cu_seqlens
