@@ -35,6 +35,10 @@ __all__ = [
     "check_lengths",
     "check_cu_seqlens",
     "zero_padded_rows",
+    "segment_ids",
+    "packed_positions",
+    "segment_sum",
+    "segment_mean",
     "check_int",
     "INT32_MAX",
 ]
@@ -226,6 +230,42 @@ def _unpack(tokens: Tensor, lengths: Tensor, T: int, fill: float = 0.0) -> Tenso
     out = tokens.new_full((lengths.numel(), T, *tokens.shape[1:]), fill)
     out[_valid(lengths, T)] = tokens
     return out
+
+
+def segment_ids(lengths: Tensor) -> Tensor:
+    """(B,) lengths -> (total,) int64: the sequence each packed token belongs to, on lengths' device.
+
+    Example: lengths [2, 4, 3] -> [0, 0, 1, 1, 1, 1, 2, 2, 2]. Trusts its argument (checked lengths >= 0).
+    """
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.long())
+
+
+def packed_positions(cu_seqlens: Tensor, total: int) -> Tensor:
+    """(B + 1,) cu_seqlens, total tokens -> (total,) int64 offset of each packed token inside its own sequence.
+
+    Example: cu_seqlens [0, 2, 6, 9], total 9 -> [0, 1, 0, 1, 2, 3, 0, 1, 2]. ``total`` is cu_seqlens[-1],
+    passed so that no value is read back from the device.
+    """
+    starts = cu_seqlens[:-1].long()
+    return torch.arange(total, device=cu_seqlens.device) - starts[segment_ids(cu_seqlens.diff())]
+
+
+def segment_sum(x: Tensor, seq: Tensor, B: int) -> Tensor:
+    """x (N, ...) rows, seq (N,) int64 the segment of each row, in [0, B) -> (B, ...) sums per segment, x's dtype.
+
+    One scatter-add (index_add_: N rows read, B rows written); a segment with no rows sums to 0.
+    Example: x [1, 2, 3, 4], seq [0, 0, 2, 2], B 3 -> [3, 0, 7].
+    """
+    return x.new_zeros((B, *x.shape[1:])).index_add_(0, seq, x)
+
+
+def segment_mean(x: Tensor, seq: Tensor, counts: Tensor) -> Tensor:
+    """x (N, d) rows, seq (N,) int64 segments, counts (B,) rows per segment -> (B, d) means, x's dtype.
+
+    counts are clamped to 1e-9 as sentence-transformers clamps its mask sums: a segment with no rows gives 0,
+    not 0 / 0. Example: x [1, 2, 3, 4], seq [0, 0, 2, 2], counts [2, 0, 2] -> [1.5, 0, 3.5].
+    """
+    return segment_sum(x, seq, counts.numel()) / counts.to(x.dtype).clamp(min=1e-9).view(-1, 1)
 
 
 def zero_padded_rows(out: Tensor, lengths: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .packed_encoder import PackedEncoder
-from .padding import check_int
+from .padding import check_int, segment_ids, segment_mean
 from .quant import LINEARS, Int8PackedEncoder, quantize
 
 __all__ = ["calibrate", "sensitivity", "quantize_auto", "CALIBRATION_TEXTS"]
@@ -87,8 +87,7 @@ CALIBRATION_TEXTS = (
 def _pooled(out: Tensor, cu_seqlens: Tensor) -> Tensor:
     """Mean over each sequence of packed (total, d) -> (B, d)."""
     lengths = cu_seqlens.diff().long()
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    return torch.zeros(len(lengths), out.shape[1]).index_add_(0, seq, out) / lengths.view(-1, 1)
+    return segment_mean(out, segment_ids(lengths), lengths)
 
 
 @torch.inference_mode()

@@ -181,7 +181,7 @@ def test_compiled_pretrained_encoder_equals_eager(ops, model):
     ids = model.tokenize(["a", "a longer sentence about packed tokens and compiled graphs", "b c"])
     seen = []
     with torch.inference_mode():
-        x, cu, max_seqlen = model._packed_inputs(ids)  # what _encode_packed hands forward_packed
+        x, cu, max_seqlen = model._packed_inputs(ids)  # what _forward_packed hands forward_packed
         encoder = model.packed_encoder(torch.float32)
         eager = encoder.forward_packed(x, cu, max_seqlen)
         compiled = _compiled(encoder.forward_packed, seen)(x, cu, max_seqlen)

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..padding import lengths_to_padding_mask
 from ..serve.batcher import BatchEncoder
 from ..serve.load import max_rate, rss_mb, run_load, workload
 from .core import Benchmark, Provider, declare
@@ -55,7 +56,7 @@ class PaddedTransformers:
         ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
         T = max(len(s) for s in ids)
         tokens = torch.tensor([s + [self.pad] * (T - len(s)) for s in ids])  # (B, T): every row pays for the longest
-        mask = (torch.arange(T) < torch.tensor([len(s) for s in ids]).view(-1, 1)).long()
+        mask = (~lengths_to_padding_mask(torch.tensor([len(s) for s in ids]), T)).long()  # (B, T), 1 at real tokens
         with torch.inference_mode():
             h = self.hf(input_ids=tokens, attention_mask=mask).last_hidden_state  # (B, T, d)
         keep = mask.unsqueeze(-1).to(h.dtype)

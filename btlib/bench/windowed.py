@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from .. import _torch_private as tp
 from ..kernels import relative_error
 from ..lengths import attention_flops
-from ..padding import lengths_to_cu_seqlens, pack, unpack
+from ..padding import lengths_to_cu_seqlens, pack, segment_ids, unpack
 from ..reference import allowed_mask, reference_attention
 from .core import Benchmark, Provider, declare
 
@@ -138,7 +138,7 @@ def _flex_call(x: dict) -> torch.Tensor:
     if _flex is None:
         _flex = torch.compile(flex_attention, dynamic=False)  # dynamic=True fails to build its C++ kernel (torch 2.13, CPU)
     if "block_mask" not in x:
-        doc = torch.repeat_interleave(torch.arange(len(x["lengths"])), x["lengths"])
+        doc = segment_ids(x["lengths"])  # (total,) sequence of each packed token
         left, right = x["window"] if x["window"] is not None else (None, None)
 
         def mask_mod(b, h, i, j):

@@ -7,6 +7,17 @@
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
+
+The package by what each file owns:
+
+    reading folders   checkpoint.py (BERT family's config.json and model.safetensors), modernbert_config.py
+                      (ModernBERT's), st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
+    heads             st_modules.py: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
+    encoding          encoding.py: the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
+    architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder, and their loader);
+                      modernbert_layers.py, modernbert_model.py and modernbert.py (its loader)
+    reference.py      transformers itself, the outside reference
+    model.py          the old import path of bert.py's names (btlib.pretrained.model.PretrainedEncoder, ...)
 """
 
 from __future__ import annotations
@@ -15,14 +26,12 @@ import importlib.util
 import json
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError, check_against_spec, read_spec, read_state_dict, verify_sha256
-from .model import PATHS, PretrainedEncoder
+from .bert import PATHS, PretrainedEncoder, load_bert
+from .checkpoint import CheckpointError
 from .modernbert_model import ModernBertEncoder
-from .st_folder import passes_token_types, read_folder, special_ids
-from .st_folder import tokenizer as st_tokenizer
+from .st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
@@ -86,37 +95,7 @@ def load_pretrained(folder: str | Path | None = None, *,
         model = load_modernbert(folder, expected_sha256=expected_sha256)
         model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
         return model
-    src = plan.transformer_dir
-    if default or expected_sha256:
-        verify_sha256(src / "model.safetensors", expected_sha256 or DEFAULT_SHA256)
-    spec = read_spec(src)
-    sd = read_state_dict(src)
-    emb_keys, layer_keys = check_against_spec(sd, spec)
-    head = plan.head(spec.d_model)
-    tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
-
-    model = PretrainedEncoder(spec, tokenizer, max_length, head, prompts=plan.prompts,
-                              default_prompt_name=plan.default_prompt_name,
-                              token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))
-    mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}
-    for i, keys in enumerate(layer_keys):
-        for part in ("out_proj", "norm1", "linear1", "linear2", "norm2"):
-            sub = f"self_attn.{part}" if part == "out_proj" else part
-            for wb in ("weight", "bias"):
-                mapped[f"encoder.layers.{i}.{sub}.{wb}"] = keys[f"{part}.{wb}"]
-    own = dict(model.named_parameters())
-    with torch.no_grad():
-        for ours, theirs in mapped.items():
-            own[ours].copy_(sd[theirs])
-        for i, keys in enumerate(layer_keys):
-            attn = model.encoder.layers[i].self_attn
-            attn.in_proj_weight.copy_(torch.cat([sd[keys[f"{x}.weight"]] for x in "qkv"]))  # (3d, d): q | k | v
-            attn.in_proj_bias.copy_(torch.cat([sd[keys[f"{x}.bias"]] for x in "qkv"]))
-    used = set(mapped.values()) | {keys[f"{x}.{wb}"] for keys in layer_keys for x in "qkv" for wb in ("weight", "bias")}
-    # What the encoder does not use (pooler, heads, position_ids) is kept aside, untouched, for the reverse.
-    model._hf = {"order": list(sd), "dtypes": {k: v.dtype for k, v in sd.items()}, "mapped": mapped, "layers": layer_keys,
-                 "unused": {k: v for k, v in sd.items() if k not in used}}
-    return model
+    return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
 
 
 def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder) -> dict[str, Tensor]:

@@ -38,10 +38,10 @@ from .. import gemm
 from ..kernels import registry
 from ..packed_encoder import _select_varlen
 from ..kernels.registry import Kernel
-from ..padding import check_cu_seqlens, lengths_to_cu_seqlens
-from ..precision import PRECISIONS, check_precision, resolve_dtype, warn_if_slow_bf16
-from .model import Pooling, Prompts, check_encode_args, packed_positions
-from .st_modules import HasHead
+from ..padding import check_cu_seqlens, packed_positions
+from ..precision import PRECISIONS, check_precision, resolve_dtype
+from .encoding import PackedTokens, SentenceEncoder, pack_ids
+from .st_modules import Pooling
 from .modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
 
@@ -58,13 +58,18 @@ class _Stack(nn.Module):
         self.layers, self.final_norm = layers, final_norm
 
 
-class ModernBertEncoder(Prompts, HasHead, nn.Module):
+class ModernBertEncoder(SentenceEncoder, nn.Module):
     """ModernBERT (embeddings, pre-LN layers with RoPE and GeGLU, final norm) on packed tokens, plus encode().
 
     Parameter names are transformers' ModernBertModel's (``embeddings.tok_embeddings.weight``,
     ``layers.3.attn.Wqkv.weight``, ``final_norm.weight``, ...). Inference only: no dropout, and
     forward runs under whatever grad mode the caller set (encode runs in inference mode).
+    encode / tokenize: btlib.pretrained.encoding.SentenceEncoder's; texts may also be token id lists (``_prepare``).
     """
+
+    PATHS = MODERNBERT_PATHS
+    PRECISIONS = PRECISIONS
+    WHO = "ModernBERT"
 
     def __init__(self, spec: ModernBertSpec, tokenizer, max_length: int, pooling: Pooling):
         super().__init__()
@@ -88,11 +93,7 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
         spec = spec_from_config({"model_type": "modernbert", **config}, "config")
         return cls(spec, tokenizer, max_length or spec.max_positions, pooling)
 
-    # -- tokens ------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids per text, with the special tokens ([CLS] ... [SEP]), truncated to ``max_length``; no padding."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
-
+    # -- tokens (SentenceEncoder.tokenize; token id lists taken as they are) ----------------
     def pack(self, texts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, int]:
         """Texts (or token id lists) -> ids (total,) int64, cu_seqlens (B + 1,) int32, max_seqlen int.
 
@@ -101,7 +102,8 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
         Id lists are taken as they are (no special tokens added, no truncation) and checked: every id
         an int in [0, vocab_size) (TypeError for bytes, str or floats, ValueError out of range).
         """
-        return self._pack(self._sequences(texts, empty_ok=True))
+        tokens = pack_ids(self._sequences(texts, empty_ok=True))
+        return tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
 
     def _sequences(self, texts: Sequence[str] | Sequence[Sequence[int]], *, empty_ok: bool) -> list[list[int]]:
         """All strings -> tokenize(); otherwise every item must be a sequence of token ids (checked, see pack)."""
@@ -132,10 +134,24 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
             out.append(ids)
         return out
 
-    @staticmethod
-    def _pack(ids: list[list[int]]) -> tuple[Tensor, Tensor, int]:
-        cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids], dtype=torch.int64))
-        return torch.tensor([t for s in ids for t in s], dtype=torch.int64), cu_seqlens, max_seqlen
+    def _check_path(self, path: str) -> None:
+        if path not in MODERNBERT_PATHS:
+            raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
+                             f"no nn.TransformerEncoder twin for PyTorch's fastpath); got {path!r}")
+
+    def _check_texts(self, texts: Sequence) -> None:
+        """Strings or token id lists: checked in :meth:`_prepare`, once the prompt is known."""
+
+    def _prepare(self, texts: Sequence, prompt: str | None) -> list[list[int]]:
+        """Every text tokenised (prompt first) or every token id list checked, before the first forward."""
+        if prompt and not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"texts are token ids, so the prompt {prompt!r} cannot be put before them: tokenize "
+                             "prompt + text yourself and pass prompt=''")
+        return self._sequences([prompt + t for t in texts] if prompt else texts, empty_ok=False)
+
+    def _token_ids(self, texts: list[list[int]], prompt: str | None) -> tuple[list[list[int]], None]:
+        """One batch of :meth:`_prepare`'s id lists (the prompt is in them already); no token types."""
+        return texts, None
 
     # -- forward -----------------------------------------------------------------------------
     def _stack(self, dtype: torch.dtype) -> _Stack:
@@ -161,9 +177,12 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
             raise ValueError(f"ids must be token ids in [0, vocab_size={self.spec.vocab_size}); "
                              f"got {int(ids.min())} .. {int(ids.max())}")
         dtype = resolve_dtype(check_precision(precision, PRECISIONS, who="ModernBERT"))
-        return self._forward(ids, cu_seqlens, int(max_seqlen), dtype)
+        return self._forward_packed(PackedTokens(ids, None, cu_seqlens, int(max_seqlen)), dtype, None)
 
-    def _forward(self, ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, dtype: torch.dtype) -> Tensor:
+    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: None) -> Tensor:
+        """(total, d) float32 last hidden states, computed in ``dtype``. ModernBERT has no token types and no
+        int8 twin ("int8" is not in its PRECISIONS): tokens.types and quantized are None."""
+        ids, cu_seqlens, max_seqlen = tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
         positions = packed_positions(cu_seqlens, ids.numel())  # (total,): 0, 1, ... restarting per sequence
         tables = {theta: rope_tables(positions, self.spec.head_dim, theta)
                   for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
@@ -187,40 +206,3 @@ class ModernBertEncoder(Prompts, HasHead, nn.Module):
             cache[key] = registry.get(_select_varlen(x.dtype, x.device, self.spec.nhead, self.spec.head_dim, needs_grad,
                                                      "auto", window))
         return cache[key]
-
-    # -- sentence embeddings: model.head (btlib.pretrained.st_modules), shared with the BERT family --------
-    def encode(self, texts: Sequence[str] | Sequence[Sequence[int]], *, batch_size: int = 64, path: str = "packed",
-               precision: str | None = None, prompt_name: str | None = None, prompt: str | None = None) -> Tensor:
-        """Sentence embeddings (N, d) float32 as sentence-transformers computes them (pool, then normalise if the
-        folder says so; see ``pooling`` in the module docstring).
-
-        path: "packed" (the only path: ModernBERT is no nn.TransformerEncoder, so PyTorch's fastpath
-        cannot run it); "packed_bf16" is "packed" with precision="bf16".
-        precision: None or "fp32" (default), "bf16" (explicit: warns once where bf16 is not native,
-        with the measured rates), or "auto" (bf16 only where native and measured faster:
-        btlib.choose_precision() says what it picks here and why). batch_size: texts per forward, >= 1.
-        texts: strings, or token id lists as :meth:`tokenize` gives them (checked as in :meth:`pack`; an empty
-        list is refused: it has no embedding).
-        prompt / prompt_name: sentence-transformers' prompts, prepended to each text; without either the folder's
-        default_prompt_name applies (a Pooling with include_prompt false leaves the prompt's tokens out). Token id
-        lists take no prompt: pass prompt="" with them, or tokenize prompt + text yourself.
-        """
-        if path not in MODERNBERT_PATHS:
-            raise ValueError(f"path must be one of {MODERNBERT_PATHS} for ModernBERT (rotary, GeGLU, windowed layers have "
-                             f"no nn.TransformerEncoder twin for PyTorch's fastpath); got {path!r}")
-        precision = check_encode_args(texts, batch_size, path, precision, PRECISIONS, who="ModernBERT")
-        dtype = resolve_dtype(precision)
-        if precision == "bf16":
-            warn_if_slow_bf16("ModernBertEncoder.encode in bf16")
-        prompt = self.resolve_prompt(prompt, prompt_name)
-        if prompt and not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"texts are token ids, so the prompt {prompt!r} cannot be put before them: tokenize "
-                             "prompt + text yourself and pass prompt=''")
-        prompt_length = self.prompt_length(prompt)
-        seqs = self._sequences([prompt + t for t in texts] if prompt else texts, empty_ok=False)
-        out = []
-        with torch.inference_mode():
-            for i in range(0, len(seqs), batch_size):
-                ids, cu_seqlens, max_seqlen = self._pack(seqs[i:i + batch_size])
-                out.append(self.head(self._forward(ids, cu_seqlens, max_seqlen, dtype), cu_seqlens, prompt_length))
-        return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..padding import packed_positions, segment_ids, segment_mean, segment_sum
 from .checkpoint import CheckpointError
 
 __all__ = ["PoolingModule", "DenseModule", "NormalizeModule", "SentenceHead", "Pooling", "as_head", "HasHead", "MODULE_TYPES",
@@ -110,8 +111,8 @@ class PoolingModule(nn.Module):
         """h (total, d) float32 packed token states, cu_seqlens (B + 1,) -> (B, len(modes) * d) float32."""
         B, d = cu_seqlens.numel() - 1, h.shape[1]
         starts, lengths = cu_seqlens[:-1].long(), cu_seqlens.diff().long()
-        seq = torch.repeat_interleave(torch.arange(B, device=h.device), lengths)  # (total,) sequence of each token
-        pos = torch.arange(h.shape[0], device=h.device) - starts[seq]  # (total,) offset inside its sequence
+        seq = segment_ids(lengths)  # (total,) sequence of each token
+        pos = packed_positions(cu_seqlens, h.shape[0])  # (total,) offset inside its sequence
         P = 0 if self.include_prompt or not prompt_length else int(prompt_length)
         keep = pos >= P  # sentence-transformers zeroes the prompt's positions in the attention mask
         n = (lengths - P).clamp(min=0)  # tokens pooled per sequence
@@ -127,15 +128,13 @@ class PoolingModule(nn.Module):
             elif mode == "max":
                 init = h.new_full((B, d), float("-inf"))  # a sequence with nothing pooled stays -inf, as in s-t
                 out.append(init.scatter_reduce(0, sk.view(-1, 1).expand(-1, d), hk, reduce="amax"))
-            elif mode in ("mean", "mean_sqrt_len_tokens"):
-                sums = h.new_zeros(B, d).index_add_(0, sk, hk)
-                count = n.to(h.dtype).clamp(min=1e-9).view(-1, 1)
-                out.append(sums / (count if mode == "mean" else count.sqrt()))
+            elif mode == "mean":
+                out.append(segment_mean(hk, sk, n))
+            elif mode == "mean_sqrt_len_tokens":
+                out.append(segment_sum(hk, sk, B) / n.to(h.dtype).clamp(min=1e-9).sqrt().view(-1, 1))
             else:  # weightedmean: token i of a sequence weighs i + 1 (prompt tokens keep their positions' weights)
                 w = (pos[keep] + 1).to(h.dtype)
-                sums = h.new_zeros(B, d).index_add_(0, sk, hk * w.view(-1, 1))
-                wsum = h.new_zeros(B).index_add_(0, sk, w)
-                out.append(sums / wsum.clamp(min=1e-9).view(-1, 1))
+                out.append(segment_mean(hk * w.view(-1, 1), sk, segment_sum(w, sk, B)))
         return torch.cat(out, dim=-1)
 
 
