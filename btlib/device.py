@@ -115,6 +115,11 @@ def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
         cells = [f"{path} " + " | ".join(f"{by_M[str(M)]:.3g}{'*' if chosen[M] == path else ''}" if str(M) in by_M else "-"
                                          for M in Ms) for path, by_M in by_path.items()]
         lines.append(f"  {precision}: " + ", ".join(cells) if cells else f"  {precision}: no path ran")
+    shapes = {k[5:]: v for k, v in picks.items() if k.startswith("int8 ")}
+    if shapes:  # btlib.quant takes the pick of the nearest measured weight shape (K x N), not the summed one above
+        lines.append("  int8 per weight shape (what btlib.quant takes): " + "; ".join(
+            f"{shape} " + ", ".join(p if m is None and len(r) == 1 else f"{p} {'above' if m is None else f'<= {m}'}"
+                                    for m, p in r) for shape, r in shapes.items()))
     return lines
 
 

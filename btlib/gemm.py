@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import os
 import sys
 import threading
@@ -215,26 +216,40 @@ def choose(dtype: torch.dtype, M: int) -> str:
     return "torch"
 
 
-def choose_int8(M: int) -> str:
-    """The int8 path (:data:`INT8_PATHS`) for M rows: BTLIB_GEMM_INT8 where set (int_mm, onednn_int8 or auto), else
-    the faster one measured here (:func:`btlib.hardware.machine`'s int8 pick, switching where fp32's do);
-    int_mm where oneDNN's int8 ops are missing or broke in this process."""
+def choose_int8(M: int, K: int | None = None, N: int | None = None) -> str:
+    """The int8 path (:data:`INT8_PATHS`) for an (M, K) x (K, N) GEMM: BTLIB_GEMM_INT8 where set (int_mm, onednn_int8
+    or auto), else the faster one measured here for the nearest measured weight shape (:func:`btlib.hardware.machine`'s
+    "int8 KxN" picks; without K, N or those picks, the pick over all shapes), switching where fp32's do; int_mm where
+    oneDNN's int8 ops are missing or broke in this process. Per shape because oneDNN's int8 call costs ~25 us more
+    than _int_mm's (measured on an Intel Xeon, 2 threads): it lost MiniLM's GEMMs at 12-128 tokens and won them
+    at 1024, and won BERT-base's (768 -> 3072) from 12 tokens on; a shape switches to oneDNN only where it
+    measured btlib.gemm_measure.INT8_MARGIN times _int_mm's rate."""
     value = os.environ.get("BTLIB_GEMM_INT8", "").strip().lower()
     if value not in ("", "auto", *INT8_PATHS):
         raise ValueError(f"BTLIB_GEMM_INT8 must be one of {INT8_PATHS} or auto; got {value!r}")
-    key = (torch.get_num_threads(), "int8", value)
+    key = (torch.get_num_threads(), "int8", value, K, N)
     got = _plans.get(key)
     if got is None:
         if value in INT8_PATHS:
             got = ((None, value),)
         else:
-            picks = hardware.machine().gemm_pick.get("int8")
+            all_picks = hardware.machine().gemm_pick
+            picks = all_picks.get(_nearest_int8_shape(all_picks, K, N)) or all_picks.get("int8")
             got = tuple((m, p) for m, p in picks) if picks else ((None, "int_mm"),)
         _plans[key] = got
     for m_max, path in got:
         if m_max is None or M <= m_max:
             return path if path == "int_mm" or _int8_ok(path) else "int_mm"
     return "int_mm"
+
+
+def _nearest_int8_shape(picks: dict, K: int | None, N: int | None) -> str | None:
+    """The "int8 KxN" key of the measured shape nearest (K, N) in log scale, or None."""
+    shapes = [tuple(map(int, k[5:].split("x"))) for k in picks if k.startswith("int8 ")]
+    if K is None or N is None or not shapes:
+        return None
+    k, n = min(shapes, key=lambda s: abs(math.log(s[0] / K)) + abs(math.log(s[1] / N)))
+    return f"int8 {k}x{n}"
 
 
 def _int8_ok(path: str) -> bool:

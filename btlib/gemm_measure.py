@@ -30,11 +30,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["SHAPES", "TOKENS", "BUDGET_S", "measure_paths", "picks"]
+__all__ = ["SHAPES", "TOKENS", "BUDGET_S", "INT8_MARGIN", "measure_paths", "picks"]
 
 SHAPES = ((384, 384), (384, 1536), (1536, 384), (768, 768), (768, 3072), (3072, 768))  # (K, N)
 TOKENS = (12, 128, 1024)
 BUDGET_S = {"fp32": 1.5, "bf16": 1.0, "int8": 0.6}
+INT8_MARGIN = 1.25  # oneDNN's int8 path replaces _int_mm for a weight shape where it measured >= 1.25x its rate
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _MAX_ROUNDS = 15
 
@@ -82,10 +83,11 @@ def _paths(gemm: ModuleType, precision: str) -> tuple[str, ...]:
     return tuple(p for p in paths if gemm.path_available(p, _DTYPES.get(precision, torch.float32)) is None)
 
 
-def measure_precision(gemm: ModuleType, precision: str, budget_s: float,
-                      tokens: tuple[int, ...] = TOKENS) -> dict[str, dict[int, float]]:
+def measure_precision(gemm: ModuleType, precision: str, budget_s: float, tokens: tuple[int, ...] = TOKENS,
+                      by_shape: dict | None = None) -> dict[str, dict[int, float]]:
     """{path: {M: GFLOP/s}} of ``gemm``'s paths (btlib.gemm) for one precision ("fp32", "bf16", "int8") within
-    about ``budget_s`` seconds, M growing through ``tokens``."""
+    about ``budget_s`` seconds, M growing through ``tokens``. by_shape: a dict to fill with the same per weight
+    shape, {(K, N): {path: {M: GFLOP/s}}} (the rates above sum the six shapes' times)."""
     g = torch.Generator().manual_seed(0)  # a local generator: the global RNG stays untouched
     weights = [(torch.randn(N, K, generator=g).to(_DTYPES.get(precision, torch.float32)), torch.randn(N, generator=g))
                for K, N in SHAPES]
@@ -115,16 +117,22 @@ def measure_precision(gemm: ModuleType, precision: str, budget_s: float,
             flops = sum(2 * M * K * N for K, N in SHAPES)
             for p, times in best.items():
                 rates.setdefault(p, {})[M] = flops / sum(times) / 1e9
+                if by_shape is not None:
+                    for (K, N), t in zip(SHAPES, times):
+                        by_shape.setdefault((K, N), {}).setdefault(p, {})[M] = 2 * M * K * N / t / 1e9
     return rates
 
 
-def picks(rates: dict[str, dict[int, float]]) -> list[list]:
+def picks(rates: dict[str, dict[int, float]], incumbent: str | None = None, margin: float = 1.0) -> list[list]:
     """[[M_max, path], ...] from {path: {M: rate}}: the fastest path per measured M, switching at the
-    geometric midpoint between measured sizes; the last entry's M_max is None (every larger M)."""
+    geometric midpoint between measured sizes; the last entry's M_max is None (every larger M).
+    incumbent, margin: another path replaces ``incumbent`` at an M only where it measured ``margin`` times its rate."""
     Ms = sorted({M for by_M in rates.values() for M in by_M})
     out: list[list] = []
     for i, M in enumerate(Ms):
         path = max((p for p in rates if M in rates[p]), key=lambda p: rates[p][M])
+        if incumbent is not None and M in rates.get(incumbent, {}) and rates[path][M] < margin * rates[incumbent][M]:
+            path = incumbent
         m_max = math.isqrt(M * Ms[i + 1]) if i + 1 < len(Ms) else None
         if out and out[-1][1] == path:
             out[-1][0] = m_max
@@ -136,17 +144,22 @@ def picks(rates: dict[str, dict[int, float]]) -> list[list]:
 def measure_paths(gemm: ModuleType, budget_s: dict[str, float] | None = None) -> dict:
     """Every path of ``gemm`` (btlib.gemm) timed, and the picks, as btlib.hardware caches them:
 
-    {"gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16" | "int8": [[M_max, path], ...]},
+    {"gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16" | "int8" | "int8 KxN": [[M_max, path], ...]},
      "fp32_gflops", "bf16_gflops": the best rate of that precision over every path and M,
      "fp32_n", "bf16_n": the largest M timed}. Takes about sum(budget_s.values()) seconds (~3 s).
     """
     budget_s = {**BUDGET_S, **(budget_s or {})}
     out: dict = {"gemm": {}, "gemm_pick": {}}
     for precision, budget in budget_s.items():
-        rates = measure_precision(gemm, precision, budget)
+        shapes: dict = {}
+        rates = measure_precision(gemm, precision, budget, by_shape=shapes)
         out["gemm"][precision] = {p: {str(M): r for M, r in by_M.items()} for p, by_M in rates.items()}
         if precision == "int8" and rates:
             out["gemm_pick"]["int8"] = picks(rates)
+            # per shape too, oneDNN only where it is clearly faster: its int8 call costs ~25 us more than _int_mm's
+            # (Xeon, 2 threads), which a one-shape timing of a few us at 12 tokens does not resolve from the noise
+            for (K, N), by_path in shapes.items():
+                out["gemm_pick"][f"int8 {K}x{N}"] = picks(by_path, incumbent="int_mm", margin=INT8_MARGIN)
         if precision in _DTYPES:
             out["gemm_pick"][precision] = picks(rates) if rates else [[None, "torch"]]
             out[f"{precision}_gflops"] = max((r for by_M in rates.values() for r in by_M.values()), default=0.0)

@@ -60,8 +60,8 @@ from .hardware_cache import FIELDS, read_cache, write_cache
 __all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file", "isa", "runnable",
            "ISAS", "use_gemm", "int8_gemm_gflops"]
 
-_VERSION = 4  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
-#               4: an int8 pick, which btlib.quant follows)
+_VERSION = 5  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
+#               4: an int8 pick, which btlib.quant follows; 5: int8 picks per weight shape)
 _memo: dict[str, "Hardware"] = {}
 _warned: set[str] = set()
 _gemm: dict[str, Callable] = {}  # "measure", "forget": handed over by btlib.gemm at its import (use_gemm)
@@ -85,7 +85,7 @@ class Hardware:
     fp32_n: int              # the largest token count M timed in fp32 (smaller: the time box stopped it)
     bf16_n: int
     gemm: dict = field(default_factory=dict, compare=False)       # {precision: {path: {str(M): GFLOP/s}}}, int8 too
-    gemm_pick: dict = field(default_factory=dict, compare=False)  # {"fp32" | "bf16" | "int8": [[M_max | None, path], ...]}
+    gemm_pick: dict = field(default_factory=dict, compare=False)  # {"fp32" | "bf16" | "int8" | "int8 KxN": [[M_max | None, path], ...]}
 
     @property
     def bf16_speedup(self) -> float:

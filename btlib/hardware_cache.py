@@ -1,7 +1,7 @@
 """btlib.hardware's cache file of measured rates: what a trustworthy entry looks like, and atomic writes.
 
     {key: {"fp32_gflops", "bf16_gflops": best GEMM rate of that precision, "fp32_n", "bf16_n": largest M timed,
-           "gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16" | "int8": [[M_max, path], ...]}}}
+           "gemm": {precision: {path: {str(M): GFLOP/s}}}, "gemm_pick": {"fp32" | "bf16" | "int8" | "int8 KxN": [[M_max, path], ...]}}}
 
 An entry is used only if :func:`problem` finds nothing wrong with it: a file edited by hand, torn by a
 crash or written by an older btlib must not steer the GEMM choice with rates that are not rates.
@@ -47,7 +47,7 @@ def problem(entry) -> str | None:
         return "gemm is not {precision: {path: {M: rate >= 0}}}"
     if not isinstance(pick, dict) or not all(isinstance(ranges, list) and ranges and all(
             isinstance(r, list) and len(r) == 2 and (r[0] is None or (type(r[0]) is int and r[0] > 0))
-            and r[1] in (INT8_PATHS if precision == "int8" else PATHS)
+            and r[1] in (INT8_PATHS if precision.startswith("int8") else PATHS)
             for r in ranges) and ranges[-1][0] is None for precision, ranges in pick.items()):
         return f"gemm_pick is not {{precision: [[M_max, path in {PATHS} (int8: {INT8_PATHS})], ..., [None, path]]}}"
     return None

@@ -131,7 +131,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None, *, path: str | None = None) -> Tensor:
         """x: (M, K) float32 -> act(x W^T + b) (+ residual (M, N)): (M, N) float32. Raises ValueError where autograd
-        would record the call. path: "int_mm" or "onednn_int8" (default: btlib.gemm.choose_int8's for M)."""
+        would record the call. path: "int_mm" or "onednn_int8" (default: btlib.gemm.choose_int8's for M, K, N)."""
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(f"Int8Linear: x requires grad, but {_NO_GRAD}")
         if path is not None and path not in gemm.INT8_PATHS:
@@ -140,7 +140,7 @@ class Int8Linear(nn.Module):
         if k is None:
             return self._forward_torch(x, residual)
         M, N = x.shape[0], self.qweight_t.shape[1]
-        path = path or gemm.choose_int8(M)
+        path = path or gemm.choose_int8(M, *self.qweight_t.shape)
         onednn = path == "onednn_int8" and (packed := self._onednn_pack(path)) is not None
         a = self.inv_smooth if self.inv_smooth is not None else _EMPTY
         xq, s = k.quantize_rows(x.contiguous(), a, onednn)  # (M, K) int8 (uint8 + 128 for oneDNN), (M, 1)

@@ -125,12 +125,17 @@ def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
     assert out["fp32_gflops"] == max(r for by_M in fp32.values() for r in by_M.values())
     assert out["gemm_pick"]["fp32"][-1][0] is None and hardware_cache.problem(out) is None
-    if out["gemm"].get("int8"):  # btlib.quant follows the int8 pick (btlib.gemm.choose_int8)
+    if out["gemm"].get("int8"):  # btlib.quant follows the int8 picks (btlib.gemm.choose_int8): overall and per shape
         assert out["gemm_pick"]["int8"] == gemm_measure.picks(
             {p: {int(M): r for M, r in by_M.items()} for p, by_M in out["gemm"]["int8"].items()})
+        assert {f"int8 {K}x{N}" for K, N in gemm_measure.SHAPES} <= set(out["gemm_pick"])
     assert gemm_measure.picks({"torch": {12: 50.0, 128: 150.0, 1024: 180.0}, "onednn": {12: 100.0, 128: 140.0}}) == \
         [[39, "onednn"], [None, "torch"]]
     assert gemm_measure.picks({"torch": {12: 5.0, 1024: 9.0}, "onednn": {12: 6.0, 1024: 10.0}}) == [[None, "onednn"]]
+    # an incumbent keeps an M unless the other path measured margin x its rate
+    int8 = {"int_mm": {12: 300.0, 128: 1400.0, 1024: 1500.0}, "onednn_int8": {12: 340.0, 128: 1500.0, 1024: 2400.0}}
+    assert gemm_measure.picks(int8) == [[None, "onednn_int8"]]
+    assert gemm_measure.picks(int8, incumbent="int_mm", margin=1.25) == [[362, "int_mm"], [None, "onednn_int8"]]
 
 
 def test_describe_machine_is_the_one_source():

@@ -170,6 +170,27 @@ def test_choose_int8_takes_the_faster_path_measured_per_row_count(monkeypatch):
         gemm._plans.clear()
 
 
+def test_choose_int8_takes_the_nearest_measured_weight_shape(monkeypatch):
+    if _ONEDNN_INT8 is not None:
+        pytest.skip(str(_ONEDNN_INT8))
+    picks = {"int8": [[None, "onednn_int8"]], "int8 384x1536": [[362, "int_mm"], [None, "onednn_int8"]],
+             "int8 768x3072": [[None, "onednn_int8"]]}
+    hw = dataclasses.replace(hardware.machine(), gemm_pick={**hardware.machine().gemm_pick, **picks})
+    monkeypatch.setattr(hardware, "machine", lambda **kw: hw)
+    monkeypatch.delenv("BTLIB_GEMM_INT8", raising=False)
+    gemm._plans.clear()
+    try:
+        assert gemm.choose_int8(13, 384, 1152) == "int_mm"  # nearest: 384x1536 (log distance), small M
+        assert gemm.choose_int8(1024, 384, 1152) == "onednn_int8"
+        assert gemm.choose_int8(13, 768, 3072) == "onednn_int8"
+        assert gemm.choose_int8(13) == "onednn_int8"  # no shape given: the pick over all shapes
+        x, w, b, lin = _lin(13, 384, 1536)
+        with torch.inference_mode():  # Int8Linear asks with its own shape: int_mm at 13 rows, the same bits either way
+            torch.testing.assert_close(lin(x), lin(x, path="int_mm"), rtol=0, atol=0)
+    finally:
+        gemm._plans.clear()
+
+
 @pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
 @pytest.mark.parametrize("K", [1, 17, 384])
 def test_quantize_rows_u8_is_int8_plus_128_and_dequantize_takes_float_sums(K):

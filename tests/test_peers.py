@@ -157,6 +157,9 @@ def test_gemm_path_names_the_measured_choice_and_the_fallback():
     assert peers.gemm_path(env, "int8") == "onednn_int8 (btlib.quant); best 3100 GOP/s"
     env["gemm_pick"]["int8"] = [[111, "onednn_int8"], [None, "int_mm"]]
     assert peers.gemm_path(env, "int8") == "onednn_int8 <= 111 tokens, int_mm above (btlib.quant); best 3100 GOP/s"
+    env["gemm_pick"]["int8 384x1536"] = [[362, "int_mm"], [None, "onednn_int8"]]
+    assert peers.gemm_path(env, "int8") == \
+        "onednn_int8 <= 111 tokens, int_mm above (btlib.quant per weight shape, overall); best 3100 GOP/s"
     assert peers.gemm_path({}, "int8") == "int_mm (btlib.quant)" and peers.gemm_path({}, "fp32") == "F.linear"
 
 

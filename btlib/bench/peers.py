@@ -62,7 +62,8 @@ def gemm_path(env: dict, precision: str) -> str:
         best = max((r for by_M in rates.values() for r in by_M.values()), default=None)
         where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
                           for m, p in pick) if pick else "int_mm"
-        return f"{where} (btlib.quant)" + (f"; best {best:.0f} GOP/s" if best else "")
+        per_shape = " per weight shape, overall" if any(k.startswith("int8 ") for k in env.get("gemm_pick") or {}) else ""
+        return f"{where} (btlib.quant{per_shape})" + (f"; best {best:.0f} GOP/s" if best else "")
     rate = env.get(f"{precision}_gflops")
     if not pick:
         return "F.linear" + (f"; best {rate:.0f} GFLOP/s" if rate else "")
