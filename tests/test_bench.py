@@ -45,6 +45,40 @@ def test_run_checks_times_skips_and_writes(tmp_path):
     assert "1.00x" in text and "needs a GPU" in text
 
 
+def test_a_provider_context_spans_check_and_timing_and_is_left_when_it_raises():
+    """context(inputs) is entered once per x around the check and every timed call (its value in inputs["context"]),
+    and left after the row, also when the provider raises or is interrupted (a server process must not outlive it)."""
+    import contextlib
+
+    log = []
+
+    @contextlib.contextmanager
+    def held(inputs):
+        log.append(("enter", len(inputs["x"])))
+        try:
+            yield 2.0
+        finally:
+            log.append(("exit", len(inputs["x"])))
+
+    def fn(x):
+        log.append("call")
+        return x["x"] * x["context"]
+
+    rows = bench.run(toy([bench.Provider("held", fn, context=held), bench.Provider("raises", lambda x: 1 / 0, context=held)]),
+                     warmup=1, min_runs=2, max_runs=2, min_time_s=0)
+    assert [r["status"] for r in rows] == ["ok", "skipped", "ok", "skipped"]
+    assert log == [("enter", 4), "call", "call", "call", "call", ("exit", 4), ("enter", 4), ("exit", 4),
+                   ("enter", 8), "call", "call", "call", "call", ("exit", 8), ("enter", 8), ("exit", 8)]
+    log.clear()
+
+    def interrupted(x):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(toy([bench.Provider("interrupted", interrupted, context=held)]))
+    assert log == [("enter", 4), ("exit", 4)]
+
+
 def test_threads_restored_and_quick_params():
     before = torch.get_num_threads()
     b = toy([bench.Provider("good", lambda x: x["x"] * 2)])

@@ -56,6 +56,27 @@ def test_run_load_counts_answered_refused_and_lost():
     assert clean["answered"] == clean["offered"] and L.bounded(clean, slo_ms=1e9)
 
 
+class RemoteFakeServer(FakeServer):
+    """Refuses as a server behind HTTP does: the future of every ``refuse_every``-th request fails with Overloaded (a 429)."""
+
+    def submit(self, texts):
+        self.n += 1
+        f = Future()
+        if self.refuse_every and self.n % self.refuse_every == 0:
+            f.set_exception(Overloaded("full"))
+        else:
+            f.set_result(texts)
+        return f
+
+
+def test_run_load_counts_a_refusal_in_the_future_as_refused():
+    r = L.run_load(RemoteFakeServer(refuse_every=4).submit, ["t"], rate=400, duration_s=0.5)
+    assert r["refused"] == r["offered"] // 4 and r["errors"] == r["lost"] == 0 and r["answered"] + r["refused"] == r["offered"]
+    assert not L.bounded(r, slo_ms=1e9)
+    stopped = L.run_load(RemoteFakeServer(refuse_every=4).submit, ["t"], rate=400, duration_s=0.5, stop_on_refusal=True)
+    assert stopped["refused"] == 1 and stopped["answered"] == 3  # the 5th arrival sees the 4th's refusal and stops
+
+
 def test_max_rate_finds_the_knee(monkeypatch):
     """A server that is bounded up to 100 req/s: doubling from 16 fails at 128, bisection lands in (96, 100]."""
     monkeypatch.setattr(L, "run_load", lambda submit, texts, rate, duration_s, **kw: {
@@ -78,3 +99,10 @@ def test_serve_load_is_declared_with_every_method_and_the_issue_table():
     assert issue_table(rows).splitlines() == [
         "| workload | encode per request | packed batcher fp32 |", "|---|---|---|",
         "| short queries (req/s) | 135 | 514 |", "| 20% passages mixed in (req/s) | - | 156 |"]
+    http = rows + [{"x": "queries", "provider": "http_packed_fp32", "max_rate_rps": 460.0, "http_client_cpu_ms": 0.41}]
+    lines = issue_table(http).splitlines()
+    assert lines[0] == "| workload | encode per request | packed batcher fp32 | packed batcher fp32 over HTTP |"
+    assert lines[2] == "| short queries (req/s) | 135 | 514 | 460 |" and lines[3] == "| 20% passages mixed in (req/s) | - | 156 | - |"
+    assert lines[4:] == ["HTTP costs 11% of the in-process max rate (short queries: 514 req/s in process, 460 over HTTP; "
+                         "target <= 15%); the client's own CPU: 0.41 ms per request"]
+    assert b.summary is issue_table

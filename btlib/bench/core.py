@@ -19,6 +19,7 @@ same inputs, interleaved in time.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -27,7 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -58,6 +59,9 @@ class Provider:
     (a 13 x 384 layer_norm 4.8 -> 70 us; one query's encode 5.0 -> 9.5 ms, on a 2-core Xeon).
     precision: whose measured matmul rate bounds it ("fp32", "bf16" or "int8"): a row's ``of_bound``
     is its useful GFLOP/s over that rate (btlib.hardware.machine(); int8: btlib.hardware.int8_gemm_gflops()).
+    context(inputs) -> a context manager entered around this provider's check, metrics and timing at each x,
+    left even when they raise: something that must outlive one call and be shut down after (a server process
+    the provider talks to, a Ray cluster). Its value reaches fn and the benchmark's metrics as ``inputs["context"]``.
     """
 
     name: str
@@ -68,6 +72,7 @@ class Provider:
     tol: float | None = None
     precision: str = "fp32"
     isolated: bool = False
+    context: Callable[[Any], ContextManager[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,28 +206,32 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                 row: dict[str, Any] = {"benchmark": bench.name, "provider": pr.name, "x_name": bench.x_name, "x": x,
                                        "params": {k: v for k, v in point.items() if _jsonable(v)}}
                 why = pr.available()
-                if why is None:
-                    try:
-                        out = pr.fn(inputs)
-                        err = bench.error(out, ref, inputs) if pr.checked else 0.0
-                        if pr.checked and bench.metrics:
-                            row.update(bench.metrics(out, ref, inputs))
-                    except Exception as e:  # noqa: BLE001 - a provider that raises is reported, not fatal
-                        why = f"raised {type(e).__name__}: {e}"
-                        err = None
-                if why is not None:
-                    row.update(status="skipped", reason=why)
-                elif not err <= (tol := bench.tol if pr.tol is None else pr.tol):
-                    row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {tol:.0e}; not timed")
-                else:
-                    times = time_fn(lambda: pr.fn(inputs), device=device, **timing)
-                    med = statistics.median(times)
-                    row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times), runs=len(times),
-                               gflops=None if flops is None else flops / med / 1e6,
-                               gbps=None if nbytes is None else nbytes / med / 1e6)
-                    if row["gflops"] and device == "cpu":
-                        row["bound_gflops"] = _bound(pr.precision, env)
-                        row["of_bound"] = row["gflops"] / row["bound_gflops"] if row["bound_gflops"] else None
+                with contextlib.ExitStack() as held:  # the provider's context: left after its timing, or when anything raises
+                    pin = inputs
+                    if why is None:
+                        try:
+                            if pr.context is not None:
+                                pin = {**inputs, "context": held.enter_context(pr.context(inputs))}
+                            out = pr.fn(pin)
+                            err = bench.error(out, ref, pin) if pr.checked else 0.0
+                            if pr.checked and bench.metrics:
+                                row.update(bench.metrics(out, ref, pin))
+                        except Exception as e:  # noqa: BLE001 - a provider that raises is reported, not fatal
+                            why = f"raised {type(e).__name__}: {e}"
+                            err = None
+                    if why is not None:
+                        row.update(status="skipped", reason=why)
+                    elif not err <= (tol := bench.tol if pr.tol is None else pr.tol):
+                        row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {tol:.0e}; not timed")
+                    else:
+                        times = time_fn(lambda: pr.fn(pin), device=device, **timing)
+                        med = statistics.median(times)
+                        row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times),
+                                   runs=len(times), gflops=None if flops is None else flops / med / 1e6,
+                                   gbps=None if nbytes is None else nbytes / med / 1e6)
+                        if row["gflops"] and device == "cpu":
+                            row["bound_gflops"] = _bound(pr.precision, env)
+                            row["of_bound"] = row["gflops"] / row["bound_gflops"] if row["bound_gflops"] else None
                 row["env"] = env
                 rows.append(row)
                 if progress:

@@ -7,6 +7,7 @@ with a batching policy and a backend), driven by :func:`btlib.serve.load.max_rat
 
     encode_per_request   btlib encode, one request per forward (no batching)
     packed_fp32          btlib's packed batcher: token budget 512, 2 ms wait
+    http_packed_fp32     the same batcher behind HTTP: ``python -m btlib.serve`` on 127.0.0.1, POST /v1/embeddings
     packed_bf16          the same in bf16 (only where this CPU has native bf16: it is ~10x slower elsewhere)
     padded_transformers  transformers BertModel, padded batches of <= 32 with a 5 ms wait (infinity's policy)
     tei_ort_padded       ONNX Runtime (optimised graph), padded batches of <= 8, FIFO by a 16384-token budget, no wait (TEI's)
@@ -16,12 +17,30 @@ Each row: ``max_rate_rps`` (req/s served with p99 <= SLO and nothing refused or 
 that rate, and, on the packed_fp32 row, the 2x-overload run: shares answered / refused (429) / lost, the
 accepted requests' p99 and the RSS growth. ``median ms`` is one 8-text request through the method (the
 correctness check's call). Numbers from a shared machine are noisy; ratios within one run are what count.
+
+The HTTP row (issue 25's target: HTTP costs <= 15% of the in-process max rate). The server runs in a process
+of its own (:class:`btlib.serve.remote.ServerProcess`), as it is deployed: its own interpreter and GIL, so
+its event loop, JSON and the batcher's tokenizing never wait on the load generator's thread (in one process
+they would, and the cost measured would be a GIL's, not HTTP's). It is started once per workload with
+packed_fp32's settings and this run's thread count, warmed by the check request and a discarded trial (as every
+method is), and stopped (SIGTERM, then
+reaped: the port is free) when the row is done or anything raises. The client is the same Poisson generator
+driving :class:`btlib.serve.client.HttpEncoder` (an asyncio HTTP/1.1 client, base64 bodies), on the same CPU: on a
+2-core machine every client cycle is a cycle the server's 2 torch threads lose, and it is counted against
+the HTTP path, as it would be for a client on the server's machine (a remote client would cost the server
+less). The row records that client's own cost: ``http_client_cpu_ms``, this process's CPU per GET /health
+(1000 of them one at a time, no model work), next to the round trip (``http_wall_ms``) and the server's CPU
+per request (``http_server_cpu_ms``). Between the search's trials the client waits for every answer (a drained
+server is what a fresh in-process batcher is). ``python -m btlib.serve`` also keeps freed memory
+(btlib.memory), which the in-process rows' process does not unless its caller asked. The summary line
+"HTTP costs X% of the in-process max rate" compares the two rows of one run, measured one after the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +53,10 @@ from .core import Benchmark, Provider, declare
 __all__ = ["METHODS", "LABELS", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
 
 SLO_MS = 250.0
-METHODS = ("encode_per_request", "packed_fp32", "packed_bf16", "padded_transformers", "tei_ort_padded", "ort_per_request")
-LABELS = {"encode_per_request": "encode per request", "packed_fp32": "packed batcher fp32", "packed_bf16": "packed batcher bf16",
+MAX_QUEUE = 64  # texts waiting at most in every method's queue (refused beyond: 429 over HTTP)
+METHODS = ("encode_per_request", "packed_fp32", "http_packed_fp32", "packed_bf16", "padded_transformers", "tei_ort_padded", "ort_per_request")
+LABELS = {"encode_per_request": "encode per request", "packed_fp32": "packed batcher fp32",
+          "http_packed_fp32": "packed batcher fp32 over HTTP", "packed_bf16": "packed batcher bf16",
           "padded_transformers": "padded transformers batcher", "tei_ort_padded": "TEI-style ORT padded batcher (<= 8)",
           "ort_per_request": "ORT one request per forward"}
 
@@ -95,6 +116,10 @@ def why_not_available(method: str) -> str | None:
         from .runtimes import onnx_available
 
         return onnx_available()
+    if method == "http_packed_fp32":
+        from ..serve.remote import http_missing
+
+        return http_missing()
     return None
 
 
@@ -111,7 +136,7 @@ def _backend(kind: str):
     return PaddedTransformers(model, folder) if kind == "transformers" else OrtPadded(model, folder)
 
 
-def make_batcher(method: str, *, max_queue: int = 64, max_batch_tokens: int = 512, max_wait_ms: float = 2.0) -> BatchEncoder:
+def make_batcher(method: str, *, max_queue: int = MAX_QUEUE, max_batch_tokens: int = 512, max_wait_ms: float = 2.0) -> BatchEncoder:
     """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed batchers."""
     model, _ = _model()
     packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue)
@@ -134,12 +159,37 @@ class _Answer:
         self.emb, self.method = emb, method
 
 
+@contextlib.contextmanager
+def _http_server(inputs) -> Iterator[tuple]:
+    """``python -m btlib.serve`` with packed_fp32's settings and one client, for one workload's check, load test and timing."""
+    from ..serve.client import HttpEncoder
+    from ..serve.remote import ServerProcess
+
+    with ServerProcess(model=_model()[1], max_batch_tokens=512, max_wait_ms=2.0, max_queue=MAX_QUEUE,
+                       threads=torch.get_num_threads()) as server:
+        with HttpEncoder(server.url, max_connections=2 * MAX_QUEUE + 16) as client:
+            yield server, client
+
+
+class _Trial:
+    """One :func:`max_rate` trial on the shared client: ``close`` waits for its answers, as closing a BatchEncoder does."""
+
+    def __init__(self, client):
+        self.submit, self.client = client.submit, client
+
+    def close(self) -> None:
+        self.client.drain(120)
+
+
 def _provider(method: str) -> Provider:
     def fn(inputs):
+        if method == "http_packed_fp32":
+            return _Answer(inputs["context"][1].encode(inputs["check"], timeout=120), method)
         with make_batcher(method) as b:
             return _Answer(b.encode(inputs["check"], timeout=120), method)
 
-    return Provider(method, fn, available=lambda: why_not_available(method), label=LABELS[method], tol=1e-2 if method == "packed_bf16" else None)
+    return Provider(method, fn, available=lambda: why_not_available(method), label=LABELS[method],
+                    tol=1e-2 if method == "packed_bf16" else None, context=_http_server if method == "http_packed_fp32" else None)
 
 
 def _inputs(p: dict) -> dict:
@@ -150,7 +200,19 @@ def _inputs(p: dict) -> dict:
 def _metrics(out: _Answer, ref, inputs) -> dict:
     """The load test of ``out.method`` (run once per row, after the check): max rate, latency at half of it, overload."""
     p, texts = inputs["params"], inputs["texts"]
-    make = functools.partial(make_batcher, out.method)
+    if out.method == "http_packed_fp32":
+        from ..serve.remote import client_cost
+
+        server, client = inputs["context"]
+        cost = client_cost(client, server, n=p["client_cost_n"])  # before the load: the client's CPU per request, no model work
+        make = functools.partial(_Trial, client)
+    else:
+        make = functools.partial(make_batcher, out.method)
+    # One discarded trial first, for every method: the HTTP server is a fresh process, whose first batches of each size
+    # pay for allocations and oneDNN primitives made on first use, which the in-process rows' model has long paid for.
+    warm = make()
+    run_load(warm.submit, texts, p["start_rps"], p["trial_s"], seed=4)
+    warm.close()
     best, _ = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"])
     row = {"max_rate_rps": float(best)}
     if best > 0:
@@ -158,6 +220,8 @@ def _metrics(out: _Answer, ref, inputs) -> dict:
         half = run_load(b.submit, texts, best / 2, p["trial_s"], seed=2)
         b.close()
         row.update(p50_ms_at_half=half["p50_ms"], p99_ms_at_half=half["p99_ms"])
+    if out.method == "http_packed_fp32":
+        row.update(http_client_cpu_ms=cost["client_cpu_ms"], http_wall_ms=cost["wall_ms"], http_server_cpu_ms=cost.get("server_cpu_ms"))
     if out.method == "packed_fp32" and best > 0:
         b = make_batcher(out.method, max_queue=p["overload_queue"])
         before = rss_mb()
@@ -174,7 +238,8 @@ def _error(out: _Answer, ref, inputs) -> float:
 
 
 def issue_table(rows: Sequence[dict]) -> str:
-    """Issue 25's table from serve_load rows: workloads down, methods across, max req/s with bounded p99."""
+    """Issue 25's table from serve_load rows: workloads down, methods across, max req/s with bounded p99; then, where
+    one run has both packed_fp32 rows, a line per workload: "HTTP costs X% of the in-process max rate"."""
     got = {(r["x"], r["provider"]): r for r in rows}
     methods = [m for m in METHODS if any(k[1] == m for k in got)]
     lines = ["| workload | " + " | ".join(LABELS[m] for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
@@ -183,8 +248,17 @@ def issue_table(rows: Sequence[dict]) -> str:
         for m in methods:
             r = got.get((w, m))
             cells.append(f"{r['max_rate_rps']:.0f}" if r and r.get("max_rate_rps") is not None else "-")
-        lines.append(f"| {'short queries' if w == 'queries' else '20% passages mixed in'} (req/s) | " + " | ".join(cells) + " |")
+        lines.append(f"| {_WORKLOADS.get(w, w)} (req/s) | " + " | ".join(cells) + " |")
+    for w in dict.fromkeys(r["x"] for r in rows):
+        a, h = (got.get((w, m), {}).get("max_rate_rps") for m in ("packed_fp32", "http_packed_fp32"))
+        if a and h is not None:
+            client = got[(w, "http_packed_fp32")].get("http_client_cpu_ms")
+            lines.append(f"HTTP costs {1 - h / a:.0%} of the in-process max rate ({_WORKLOADS.get(w, w)}: {a:.0f} req/s in process, "
+                         f"{h:.0f} over HTTP; target <= 15%)" + (f"; the client's own CPU: {client:.2f} ms per request" if client else ""))
     return "\n".join(lines)
+
+
+_WORKLOADS = {"queries": "short queries", "mixed": "20% passages mixed in"}
 
 
 declare(Benchmark(
@@ -195,8 +269,10 @@ declare(Benchmark(
     make_inputs=_inputs,
     reference=lambda inputs: _model()[0].encode(inputs["check"]),
     error=_error, tol=1e-4,
-    params={"slo_ms": SLO_MS, "start_rps": 16.0, "trial_s": 4.0, "refine": 3, "overload_s": 10.0, "overload_queue": 256},
-    quick={"trial_s": 1.0, "refine": 1, "overload_s": 2.0, "overload_queue": 64},
+    params={"slo_ms": SLO_MS, "start_rps": 16.0, "trial_s": 4.0, "refine": 3, "overload_s": 10.0, "overload_queue": 256,
+            "client_cost_n": 1000},
+    quick={"trial_s": 1.0, "refine": 1, "overload_s": 2.0, "overload_queue": 64, "client_cost_n": 200},
     baseline="encode_per_request",
     metrics=_metrics,
+    summary=issue_table,
 ))

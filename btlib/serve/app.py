@@ -173,7 +173,10 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one, no race with other processes)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP, and accepted
+    # sockets inherit this one's. With proto 0, uvicorn's two writes per answer (head, then body) met the client's
+    # delayed ACK: 44 ms per keep-alive request, 0.1 ms of work (measured on loopback, 2-core Xeon).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)

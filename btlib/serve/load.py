@@ -14,6 +14,7 @@ without bound, which is the saturation knee :func:`max_rate` looks for.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from concurrent.futures import Future, wait
 from typing import Callable, Sequence
@@ -65,7 +66,8 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
              drain_timeout_s: float = 60.0, stop_on_refusal: bool = False) -> dict:
     """Offer ``rate`` requests/s (one text each, cycling through ``texts``) for ``duration_s``; wait for the answers.
 
-    Returns rate, offered, answered, refused (Overloaded at submit), errors (the future raised), lost
+    Returns rate, offered, answered, refused (Overloaded at submit, or as the future's exception: a remote
+    server's 429 through :class:`btlib.serve.remote.HttpEncoder`), errors (the future raised anything else), lost
     (accepted but not answered within ``drain_timeout_s`` after the last arrival: must be 0), mean_ms, p50_ms
     and p99_ms of the answered, throughput (answered per second of the whole run). stop_on_refusal: end the
     run at the first refusal (a search only needs to know the rate is too high).
@@ -74,8 +76,18 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
     latency: dict[int, float] = {}
     futures: list[Future] = []
     refused = 0
+    refused_late = threading.Event()
     start = time.perf_counter()
+
+    def answered(f: Future, i: int, a: float) -> None:
+        if f.exception() is None:
+            latency[i] = (time.perf_counter() - start - a) * 1e3
+        elif isinstance(f.exception(), Overloaded):
+            refused_late.set()
+
     for i, a in enumerate(arrivals):
+        if stop_on_refusal and refused_late.is_set():
+            break
         if (ahead := a - (time.perf_counter() - start)) > 0:
             time.sleep(ahead)
         try:
@@ -85,16 +97,17 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
             if stop_on_refusal:
                 break
             continue
-        f.add_done_callback(lambda _, i=i, a=a: latency.__setitem__(i, (time.perf_counter() - start - a) * 1e3))
+        f.add_done_callback(lambda f, i=i, a=a: answered(f, i, a))
         futures.append(f)
     wait(futures, timeout=drain_timeout_s)
     elapsed = time.perf_counter() - start
     done = [f for f in futures if f.done()]
-    errors = sum(1 for f in done if f.exception() is not None)
+    late = sum(1 for f in done if isinstance(f.exception(), Overloaded))
+    errors = sum(1 for f in done if f.exception() is not None) - late
     lat = list(latency.values())
-    return {"rate": rate, "offered": len(arrivals), "answered": len(done) - errors, "refused": refused, "errors": errors,
+    return {"rate": rate, "offered": len(arrivals), "answered": len(done) - errors - late, "refused": refused + late, "errors": errors,
             "lost": len(futures) - len(done), "mean_ms": sum(lat) / len(lat) if lat else None, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
-            "throughput": (len(done) - errors) / elapsed}
+            "throughput": (len(done) - errors - late) / elapsed}
 
 
 def bounded(r: dict, slo_ms: float) -> bool:
