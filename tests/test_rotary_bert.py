@@ -14,8 +14,11 @@ here, not the Hub's remote code (trust_remote_code: it cannot be fetched here). 
   * the NTK scaling of GTE v1.5 (rope_scaling {"type": "ntk", "factor": f}), which transformers' GteModel does not
     read: _ntk_inv_freq below writes the remote code's NTKScalingRotaryEmbedding (Alibaba-NLP/new-impl, as vLLM's
     ntk_scaling_rope.py reproduces it) and sets it into transformers' model as the reference;
-  * RoPE bases: NomicBERT's remote default and the published models' rotary_emb_base (1000), and 10000, the
-    RoFormer default, both checked; GTE's rope_theta as each config gives it.
+  * RoPE bases: 1000 (the default of NomicBertConfig, in transformers and in the remote code) and 10000 (RoFormer's)
+    are both checked, each read from rotary_emb_base; which base each published nomic-embed-text version carries was
+    not verified here (no Hub access): btlib reads the field, it assumes none. GTE's rope_theta as each config gives
+    it. nomic-embed-text-v1's model card says the original uses dynamic NTK RoPE scaling past its trained length
+    (rotary_scaling_factor): btlib refuses that field by name rather than guess the formula.
 
 Papers: Nussbaum et al. 2024, "Nomic Embed" (arXiv:2402.01613); Zhang et al. 2024, "mGTE" (arXiv:2407.19669).
 """
@@ -131,8 +134,8 @@ def write_folder(folder, family="nomic", published=True, theta=1000.0, type_voca
 
     published: True, the Hub's config fields and tensor names; False, what transformers 5.23's save_pretrained
     writes (its own config fields: model_type "nomic_bert" with BERT names, or "gte"; the published tensor names);
-    None, its config with the in-memory names of state_dict(). ntk: GTE's rope_scaling factor (published form only); the reference gets the
-    remote code's scaled inverse frequencies."""
+    None, its config with the in-memory names of state_dict(). ntk: GTE's rope_scaling factor (published form
+    only); the reference gets the remote code's scaled inverse frequencies."""
     import transformers as tf
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
@@ -210,6 +213,13 @@ CASES = {  # name: write_folder's arguments
 def case(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     return request.param, path, write_folder(path, **CASES[request.param])
+
+
+def test_the_one_encode_loop():
+    from btlib.pretrained.encoding import SentenceEncoder
+
+    assert issubclass(RotaryBertEncoder, SentenceEncoder) and "encode" not in vars(RotaryBertEncoder)
+    assert RotaryBertEncoder.PATHS == ("packed", "packed_bf16") and "int8" not in RotaryBertEncoder.PRECISIONS
 
 
 @pytest.mark.parametrize("lengths", [LENGTHS, [97], [1]], ids=["mixed", "97", "1"])

