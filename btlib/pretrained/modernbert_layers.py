@@ -48,14 +48,17 @@ def activation(name: str):
     raise ValueError(f"activation {name!r} is not supported")
 
 
-def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+def rope_tables(positions: Tensor, head_dim: int, theta: float, divisor: float = 1.0) -> tuple[Tensor, Tensor]:
     """cos, sin (total, Dh / 2) float32 for positions (total,) int64, transformers' default RoPE with base theta.
 
     inv_freq and the angles are computed exactly as ModernBertRotaryEmbedding does (fp32), so fp32
     results agree to the last bits. transformers repeats the table to (total, Dh); both halves of a
-    head use the same angles, so half the table is all the rotation needs.
+    head use the same angles, so half the table is all the rotation needs. divisor: inv_freq / divisor
+    afterwards, as GTE's fixed NTK scaling does it (btlib.pretrained.rotary_bert_config); 1.0 leaves it.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # (Dh/2,)
+    if divisor != 1.0:
+        inv_freq = inv_freq / divisor
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # (total, Dh/2)
     return freqs.cos(), freqs.sin()
 
