@@ -4,7 +4,7 @@
   offset in [-3R, 3R]; ALiBi's slopes against the paper's;
 - the reference's bias against a brute-force loop (padded and packed: positions restart per sequence);
 - every kernel registered with bias=True that runs on this machine (C++ v3 and varlen on every ISA build,
-  PyTorch's SDPA paths)
+  PyTorch's SDPA paths, the CUDA kernel's source in the emulator, the Triton kernel in its interpreter)
   against the reference on odd sizes: T = 1 and 97, packed lengths with 1 and 0, H = 3, both kinds,
   causal and windows, fp32 and bf16;
 - the kernels without one refuse it, bad biases raise saying what to pass, autograd falls back to SDPA.
@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 import sys
 
 import pytest
@@ -228,6 +231,39 @@ def test_packing_does_not_change_the_bias():
     assert torch.equal(packed[s:e], alone)
 
 
+def _interpret_worker() -> None:
+    """With TRITON_INTERPRET=1: the Triton kernels with each bias kind on small odd inputs, as one JSON line."""
+    results = {}
+    g = torch.Generator().manual_seed(5)
+    lengths = [37, 1, 0, 20]
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, cu, max_seqlen = _varlen_inputs(dtype, D=16, lengths=lengths)
+        L = torch.tensor(lengths)
+        padded = [btlib.unpack(x, cu, max_seqlen).transpose(1, 2).contiguous() for x in (q, k, v)]
+        for kind, window, causal in [("alibi", None, False), ("table", (3, 5), True), ("table", None, False)]:
+            bias = _bias(kind, 3, g)
+            w = {} if window is None else {"window": window}
+            for name, args, kw, sdpa in [("triton_flash_varlen", (q, k, v, cu, max_seqlen), {}, "torch_sdpa_loop"),
+                                         ("triton_flash", padded, {"lengths": L}, "torch_sdpa")]:
+                kernel = get(name)
+                out = kernel.fn(*args, **kw, causal=causal, scale=None, bias=bias, **w)
+                ref = kernel.reference(*args, **kw, causal=causal, bias=bias, **w)
+                tol = _tolerance(kernel, dtype, get(sdpa).fn(*args, **kw, causal=causal, scale=None, bias=bias, **w), ref)
+                results[f"{name} {dtype} {kind} {window} {causal}"] = [relative_error(out, ref), tol]
+    print("RESULTS " + json.dumps(results))
+
+
+def test_triton_interpreter_adds_the_bias():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run([sys.executable, __file__, "--interpret"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULTS "))[len("RESULTS "):])
+    assert len(results) == 12
+    for case, (err, tol) in results.items():
+        assert err <= tol, f"{case}: error {err:.2e} > {tol:.2e}"
+
+
 # --- Refusals, bad input, gradients ---------------------------------------------------------------------------
 
 def test_kernels_without_a_bias_refuse_it():
@@ -305,3 +341,6 @@ def test_autograd_with_a_bias_uses_sdpa_and_reaches_the_table():
             btlib.attention(q.detach(), k.detach(), v.detach(), bias=bias, backend="cpu_flash_v3")
         assert btlib.attention(q.detach(), k.detach(), v.detach(), bias=fixed).requires_grad is False
 
+
+if __name__ == "__main__" and sys.argv[1:] == ["--interpret"]:
+    _interpret_worker()
