@@ -5,6 +5,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
     btlib.reference_attention(q, k, v, lengths=...)      the plain oracle, (B, H, T, D)
     btlib.attention(q, k, v, lengths=..., backend=)      fused kernels from the registry
     btlib.varlen_attention(q, k, v, cu_seqlens, max_seqlen)   packed tokens, no padding work
+    btlib.PositionBias.alibi(slopes) / .table(values, R)    ALiBi or T5/MPNet relative positions, bias=
     btlib.pack / unpack / lengths_to_cu_seqlens ...      the packed-token format
     btlib.PackedEncoder.from_module(encoder)             an nn.TransformerEncoder on packed tokens
     btlib.load_pretrained(folder).encode(texts)          BERT-family and ModernBERT checkpoints, padding-free
@@ -33,11 +34,13 @@ from .padding import (
     unpack,
 )
 from .reference import reference_attention, reference_varlen_attention
+from .position_bias import PositionBias, alibi_slopes, relative_bucket_table
 
 
 __all__ = [
     "choose_precision", "PrecisionChoice", "SlowPrecisionWarning",
     "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
+    "PositionBias", "alibi_slopes", "relative_bucket_table",
     "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder", "load_pretrained", "to_hf_state_dict",
     "explain_sdpa", "SDPAReport", "run_forced", "ForcedRun", "sdpa_ops",
     "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",

@@ -18,6 +18,10 @@ Masks (all optional, combined with AND):
 - ``attn_mask``: (T, S), (B, T, S) or (B, H, T, S); bool where True means *may attend*
   (SDPA's convention) or float, added to the scores.
 
+A position bias (``bias=btlib.PositionBias.alibi(slopes)`` or ``.table(values, max_distance)``,
+btlib/position_bias.py) is added to the scaled scores: here materialised as its (H, T, S) tensor
+(``bias.dense(T, S)``), which is what every fused kernel's in-tile bias is checked against.
+
 A query row that may attend to no key at all (a fully padded row) returns 0, and its
 weights are 0: the same answer as F.scaled_dot_product_attention on torch >= 2.5.
 
@@ -34,6 +38,7 @@ from torch import Tensor
 
 from .checks import check_window
 from .padding import INT32_MAX, check_int, cu_seqlens_to_lengths, pack, unpack
+from .position_bias import PositionBias, check_position_bias
 
 __all__ = ["reference_attention", "reference_varlen_attention", "allowed_mask", "naive_attention"]
 
@@ -95,6 +100,7 @@ def reference_attention(
     window: tuple[int, int] | None = None,
     attn_mask: Tensor | None = None,
     scale: float | None = None,
+    bias: PositionBias | None = None,
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Naive scaled dot-product attention, the oracle for every kernel.
@@ -108,6 +114,7 @@ def reference_attention(
         window: (left, right) ints >= 0: query i attends only keys i - left <= j <= i + right; None: all.
         attn_mask: bool (True = may attend) or float (added), shape (T, S), (B, T, S) or (B, H, T, S).
         scale: defaults to 1 / sqrt(D).
+        bias: a btlib.PositionBias of H heads on q's device, added after the scale: bias(h, j - i).
         return_weights: also return the attention probabilities.
 
     Returns:
@@ -165,8 +172,11 @@ def reference_attention(
         pad_k = key_padding_mask.to(q.device, torch.bool).view(B, 1, S, 1)
         kc, vc = torch.where(pad_k, zero, kc), torch.where(pad_k, zero, vc)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    bias = check_position_bias(bias, H, q.device)
 
     scores = torch.matmul(qc, kc.transpose(-2, -1)) * scale  # S = Q K^T: (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias.dense(T, S, compute)  # (H, T, S): materialised, the reference's privilege
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + attn_mask.to(compute)
     allowed = allowed_mask(
@@ -193,17 +203,17 @@ def reference_attention(
 
 def reference_varlen_attention(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-    window: tuple[int, int] | None = None, scale: float | None = None
+    window: tuple[int, int] | None = None, scale: float | None = None, bias: PositionBias | None = None
 ) -> Tensor:
     """The varlen oracle: repad, run :func:`btlib.reference_attention` with lengths, unpad.
 
-    q, k, v: (total, H, D) -> (total, H, D), fp32 for fp16/bf16 inputs. ``window`` positions are
-    within each sequence (token i of a sequence attends its tokens i - left .. i + right).
+    q, k, v: (total, H, D) -> (total, H, D), fp32 for fp16/bf16 inputs. ``window`` and ``bias`` positions
+    are within each sequence (token i of a sequence attends its tokens i - left .. i + right, with bias(j - i)).
     """
     lengths = cu_seqlens_to_lengths(cu_seqlens)
     T = max(check_int(max_seqlen, "max_seqlen", high=INT32_MAX), 1)
     padded = [unpack(x, cu_seqlens, T).transpose(1, 2) for x in (q, k, v)]  # (B, H, T, D)
-    out = reference_attention(*padded, lengths=lengths, causal=causal, window=window, scale=scale)
+    out = reference_attention(*padded, lengths=lengths, causal=causal, window=window, scale=scale, bias=bias)
     return pack(out.transpose(1, 2), lengths).tokens
 
 

@@ -40,11 +40,14 @@ def _cu(lengths: list[int]) -> tuple[torch.Tensor, int]:
 
 
 def _varlen_cases():
-    # (lengths, H, D, dtype, window): 1 token; 97 tokens with a sequence of length 0; a batch of 1 of 97
+    # (lengths, H, D, dtype, window + position bias): 1 token; 97 tokens with a sequence of length 0; a batch of 1
+    # of 97; the last two with an ALiBi and a table bias (its three op arguments, PositionBias.kernel_args)
     for dtype in (torch.float32, torch.bfloat16):
         yield [1], 1, 8, dtype, (-1, -1)
         yield [40, 0, 57], 3, 20, dtype, (-1, -1)
         yield [97], 2, 33, dtype, (5, 0)
+        yield [40, 0, 57], 3, 20, dtype, (-1, -1, torch.rand(3), 1, 0)
+        yield [97], 2, 33, dtype, (5, 0, torch.randn(2, 9), 2, 4)
 
 
 @pytest.mark.parametrize("lengths, H, D, dtype, window", list(_varlen_cases()), ids=str)
@@ -65,6 +68,7 @@ def _padded_cases():
             yield op, 3, 97, 97, [97, 0, 50], dtype, True, ()  # a fully padded row (length 0)
             yield op, 1, 97, 70, [70], dtype, False, ()
     yield "attention_v3", 2, 97, 97, [97, 13], torch.float32, False, (7, 3)
+    yield "attention_v3", 2, 97, 70, [70, 13], torch.bfloat16, True, (-1, -1, torch.randn(2, 7), 2, 3)  # table bias
 
 
 @pytest.mark.parametrize("op, B, T, S, lengths, dtype, causal, window", list(_padded_cases()), ids=str)
@@ -103,6 +107,8 @@ def test_fake_kernel_checks_what_needs_no_data(ops):
             ops.varlen_v3(q, q, q, torch.zeros(2, dtype=torch.int64), 5, False, 1.0)
         with pytest.raises(RuntimeError, match="dtype must be float32;"):
             ops.attention_v1(*(torch.randn(1, 2, 3, 8, dtype=torch.bfloat16),) * 3, None, False, 1.0)
+        with pytest.raises(RuntimeError, match=r"position bias must be \(2, 9\)"):
+            ops.varlen_v3(q, q, q, torch.zeros(2, dtype=torch.int32), 5, False, 1.0, -1, -1, torch.zeros(2, 8), 2, 4)
 
 
 def test_outputs_stay_detached(ops):

@@ -15,6 +15,7 @@ import torch
 import btlib
 from btlib.kernels import check, kernels, registry, relative_error
 from btlib.kernels.cpu import build
+from btlib.position_bias import kernel_args
 
 pytestmark = pytest.mark.skipif(build.available() is not None, reason=f"C++ kernels cannot build here: {build.available()}")
 
@@ -143,12 +144,13 @@ def _v3(isa, q, k, v, L, causal, layout, window=None):
 
 
 def _build_op(isa: str, layout: str):
-    """Build ``isa``'s v3 (or varlen) op with the registered kernel's signature, for check(fn=...)."""
+    """Build ``isa``'s v3 (or varlen) op with the registered kernel's signature, for check(fn=...)
+    (check also runs its position biases through it: btlib.kernels.check.BIASES)."""
     if layout == "padded":
-        return lambda q, k, v, *, lengths, causal, scale, window=None: build.ops(isa).attention_v3(
-            q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))
-    return lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None: build.ops(isa).varlen_v3(
-        q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))
+        return lambda q, k, v, *, lengths, causal, scale, window=None, bias=None: build.ops(isa).attention_v3(
+            q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)), *kernel_args(bias))
+    return lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None, bias=None: build.ops(isa).varlen_v3(
+        q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)), *kernel_args(bias))
 
 
 @pytest.mark.parametrize("isa", OTHER_BUILDS)
@@ -235,11 +237,11 @@ def test_a_copy_with_another_key_tile_builds_beside_and_matches(tmp_path):
     for name in ("cpu_flash_v3", "cpu_flash_varlen"):
         kernel = registry.get(name)
         # the ops take the window as two reaches, -1 = no limit (what ops.py's wrappers pass for None)
-        fn = (lambda q, k, v, *, lengths, causal, scale, window=None:
-              ops.attention_v3(q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)))) \
+        fn = (lambda q, k, v, *, lengths, causal, scale, window=None, bias=None:
+              ops.attention_v3(q, k, v, lengths, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)), *kernel_args(bias))) \
             if kernel.layout == "padded" else \
-            (lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None:
-             ops.varlen_v3(q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1))))
+            (lambda q, k, v, cu, max_seqlen, *, causal, scale, window=None, bias=None:
+             ops.varlen_v3(q, k, v, cu, max_seqlen, causal, q.shape[-1] ** -0.5, *(window or (-1, -1)), *kernel_args(bias)))
         for dtype in (torch.float32, torch.bfloat16):
             r = check(kernel, "cpu", dtype, fn=fn)
             assert r.ok, f"{name} {dtype}: {r}"

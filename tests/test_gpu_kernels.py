@@ -56,7 +56,9 @@ def test_triton_compiles_for(capability):
     padded = compile_for(capability, torch.float16, 64, varlen=False, causal=True)
     varlen = compile_for(capability, torch.bfloat16, 128, varlen=True, causal=False)
     windowed = compile_for(capability, torch.bfloat16, 64, varlen=True, causal=False, window=True)  # ModernBERT's local layers
-    for c in (padded, varlen, windowed):
+    alibi = compile_for(capability, torch.float16, 64, varlen=True, causal=False, bias=1)  # JinaBERT
+    table = compile_for(capability, torch.bfloat16, 64, varlen=True, causal=False, window=True, bias=2)  # MPNet, + a window
+    for c in (padded, varlen, windowed, alibi, table):
         assert c.cubin_bytes > 0 and c.fits, str(c)
         # Triton 3.9 emits tensor-core instructions (mma) for sm_80 and sm_90, none for sm_75 (FMA only).
         assert c.tensor_cores == (capability >= 80), str(c)

@@ -10,6 +10,9 @@ benchmark row by registering itself. Two layouts, two call signatures:
 ``window=(left, right)`` (local attention: query i attends keys i - left .. i + right) is passed
 only to kernels registered with ``window=True`` (:func:`window_kwargs`); the others are called
 exactly as before and are never selected for a windowed call ("has no local window").
+Likewise ``bias=`` (a btlib.PositionBias: ALiBi or a relative-position table, added to the scores) is
+passed only to kernels registered with ``bias=True`` (:func:`bias_kwargs`); "auto" skips the rest and
+naming one raises ("has no position bias"), so no kernel ever ignores a bias.
 
 Every padded kernel follows btlib.reference_attention's conventions (rows t >= lengths[b]
 are 0; a query row with no key to attend is 0).
@@ -35,7 +38,8 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error", "window_kwargs"]
+__all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error", "window_kwargs",
+           "bias_kwargs"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -80,6 +84,7 @@ class Kernel:
         layout's (btlib.reference_attention, btlib.reference_varlen_attention).
     tol: the fp32/fp64 tolerance; low precision follows :meth:`tolerance`.
     causal: the kernel has a causal mask. window: it takes ``window=(left, right)`` (local attention).
+    bias: it takes ``bias=`` (a btlib.PositionBias), computed from the positions (or, for PyTorch's, materialised).
     cpu_run: how to check this GPU kernel's source on a machine without a GPU (None: not possible).
     """
 
@@ -95,6 +100,7 @@ class Kernel:
     priority: int = 0
     causal: bool = True
     window: bool = False
+    bias: bool = False
     max_head_dim: int | None = None
     available: Callable[[], str | None] = field(default=lambda: None)
     differentiable: bool = False
@@ -116,10 +122,11 @@ class Kernel:
         return max(LOW_PRECISION_FACTOR * sdpa_error, _ULP32)
 
     def supports(self, x: Tensor, causal: bool = False, needs_grad: bool = False,
-                 window: tuple[int, int] | None = None) -> str | None:
+                 window: tuple[int, int] | None = None, bias=None) -> str | None:
         """None if this kernel takes these inputs (and, with ``needs_grad``, can backpropagate), else why not.
 
         window: the call's local window (left, right), or None for global attention.
+        bias: the call's btlib.PositionBias, or None.
         """
         why = self.available()
         if why:
@@ -134,6 +141,8 @@ class Kernel:
             return "has no causal mask"
         if window is not None and not self.window:
             return "has no local window (window=(left, right)); use one registered with window=True"
+        if bias is not None and not self.bias:
+            return "has no position bias (bias=PositionBias...); use one registered with bias=True"
         if self.max_head_dim is not None and x.shape[-1] > self.max_head_dim:
             return f"head_dim {x.shape[-1]} > {self.max_head_dim}"
         return None
@@ -201,11 +210,11 @@ def needs_grad(*xs: Tensor) -> bool:
 
 
 def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, needs_grad: bool | None = None,
-           window: tuple[int, int] | None = None) -> Kernel:
+           window: tuple[int, int] | None = None, bias=None) -> Kernel:
     """The kernel ``backend`` names, or for "auto" the best one that takes these inputs.
 
     ``window``: the call's local window (left, right) or None; "auto" then considers only kernels
-    registered with ``window=True``.
+    registered with ``window=True``. ``bias``: the call's btlib.PositionBias or None; likewise ``bias=True``.
 
     ``needs_grad``: the caller will backpropagate through the output; None means "if grad mode
     is on and ``x`` requires grad" (btlib.attention passes it for q, k and v together).
@@ -221,13 +230,13 @@ def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, ne
             fallback = "torch_sdpa" if layout == "padded" else "torch_sdpa_loop"
             raise ValueError(f"kernel {backend!r} has no backward; call under torch.no_grad()/inference_mode "
                              f"or use backend={fallback!r}")
-        why = k.supports(x, causal, window=window)
+        why = k.supports(x, causal, window=window, bias=bias)
         if why:
             raise ValueError(f"kernel {backend!r} cannot run these inputs: {why}")
         return k
     reasons = []
     for k in kernels(layout):
-        why = k.supports(x, causal, needs_grad, window)
+        why = k.supports(x, causal, needs_grad, window, bias)
         if why is None:
             return k
         reasons.append(f"{k.name}: {why}")
@@ -240,6 +249,14 @@ def window_kwargs(kernel: Kernel, window: tuple[int, int] | None) -> dict:
     if window is not None and not kernel.window:
         raise ValueError(f"kernel {kernel.name!r} has no local window; select one with registry.select(..., window=window)")
     return {"window": window} if kernel.window else {}
+
+
+def bias_kwargs(kernel: Kernel, bias) -> dict:
+    """The ``bias=`` keyword for a call of ``kernel.fn``: passed to kernels that take a position bias, omitted for
+    the rest (which :func:`select` only picks when ``bias`` is None)."""
+    if bias is not None and not kernel.bias:
+        raise ValueError(f"kernel {kernel.name!r} has no position bias; select one with registry.select(..., bias=bias)")
+    return {"bias": bias} if kernel.bias else {}
 
 
 def relative_error(out: Tensor, ref: Tensor) -> float:

@@ -9,7 +9,14 @@
   Python-level call per sequence (on CPU the fastest of PyTorch's options once padding is
   large: notebook 06 measures it against torch_sdpa and torch_sdpa_nested). With a window, each
   call gets the (L, L) band mask: still sum(L^2).
-- torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal, no window; math path on CPU).
+- torch_sdpa_nested: SDPA on a torch.nested jagged tensor (no causal, no window, no position bias;
+  math path on CPU).
+
+A position bias (btlib.PositionBias) reaches the reference and SDPA as what it is to them, a float
+(H, T, S) tensor added to the scores (``bias.dense``, 4 H T S bytes; for torch_sdpa_loop one (H, L, L)
+per sequence), -inf where the boolean mask forbids. SDPA wants the float mask in q's dtype, so in
+fp16 / bf16 the bias is rounded there (|bias| 50 moves by up to 0.1 in bf16): these are baselines,
+the fused kernels add it in fp32. torch_sdpa_nested cannot take a per-sequence mask and refuses it.
 
 All are PyTorch ops, so autograd differentiates them (``differentiable=True``): they are what
 ``backend="auto"`` falls back to when the inputs require grad (and for fp64, fp16, head_dim > 256).
@@ -43,13 +50,14 @@ def _maybe_nonfinite(x: Tensor) -> bool:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None,
-          band: bool) -> Tensor:
+          band: bool, bias: Tensor | None = None) -> Tensor:
     """F.scaled_dot_product_attention with btlib.reference_attention's NaN policy.
 
     q: (..., T, D); k, v: (..., S, D); mask: bool broadcastable to (..., T, S), True = may attend, holding
     the causal band and window if any; None: no mask (``causal`` is then SDPA's is_causal);
     band: a causal band or a window hides real keys, and k may hold NaN or inf (False: k is known finite,
-    or every real key is attended). Two departures of SDPA alone, both fixed here:
+    or every real key is attended). bias: float (H, T, S) added to the allowed scores (a position bias
+    materialised), or None. Two departures of SDPA alone, both fixed here:
     - a query row holding NaN comes out as 0 from SDPA's CPU flash kernel (taken without a mask: every
       score of the row is NaN and it reads the row as fully masked); the reference gives NaN, as does
       every btlib kernel. Cost on clean inputs: one sum of q (on the CPU; elsewhere, to avoid a host
@@ -60,13 +68,22 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, sc
       SDPA with those keys zeroed gives the rows that attend none of them (twice the work, on such inputs only).
     """
     nan_rows_possible = q.device.type != "cpu" or _maybe_nonfinite(q)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    if bias is not None and mask is None and causal:  # SDPA takes is_causal or a mask, not both
+        mask = allowed_mask(1, q.shape[-2], k.shape[-2], causal=True, device=q.device)[0, 0]  # (T, S)
+
+    def masked(m: Tensor | None) -> Tensor | None:  # the float mask: bias where m allows, -inf elsewhere
+        if bias is None:
+            return m
+        b = bias.to(q.dtype)
+        return b if m is None else torch.where(m, b, float("-inf"))
+
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=masked(mask), is_causal=causal and mask is None, scale=scale)
     if band and _maybe_nonfinite(k):
         bad = ~torch.isfinite(k).all(-1)  # (..., S): keys whose scores are non-finite
         if bool(bad.any()):
             if mask is None:
                 mask = allowed_mask(1, q.shape[-2], k.shape[-2], causal=True, device=q.device)[0, 0]  # (T, S)
-            clean = F.scaled_dot_product_attention(q, torch.where(bad.unsqueeze(-1), 0.0, k), v, attn_mask=mask,
+            clean = F.scaled_dot_product_attention(q, torch.where(bad.unsqueeze(-1), 0.0, k), v, attn_mask=masked(mask),
                                                    scale=scale)
             hits = (mask & bad.unsqueeze(-2)).any(-1, keepdim=True)  # (..., T, 1): rows attending a bad key
             out = torch.where(hits, out, clean)
@@ -76,17 +93,18 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, sc
     return torch.where(q.isnan().any(-1, keepdim=True) & has_key, out.new_full((), float("nan")), out)
 
 
-def reference(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None, window=None) -> Tensor:
-    return reference_attention(q, k, v, lengths=lengths, causal=causal, window=window, scale=scale).to(q.dtype)
+def reference(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None, window=None, bias=None) -> Tensor:
+    return reference_attention(q, k, v, lengths=lengths, causal=causal, window=window, scale=scale, bias=bias).to(q.dtype)
 
 
-def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None, window=None) -> Tensor:
+def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, scale=None, window=None, bias=None) -> Tensor:
     B, _, T, _ = q.shape
+    dense = None if bias is None else bias.dense(T, k.shape[2])  # (H, T, S)
     if lengths is None:
         if window is None:
-            return _sdpa(q, k, v, None, causal, scale, band=causal)
+            return _sdpa(q, k, v, None, causal, scale, band=causal, bias=dense)
         mask = allowed_mask(B, T, k.shape[2], causal=causal, window=window, device=q.device)  # (1, 1, T, S) band
-        return _sdpa(q, k, v, mask, causal, scale, band=True)
+        return _sdpa(q, k, v, mask, causal, scale, band=True, bias=dense)
     # Padding must not matter, whatever it holds: SDPA adds its -inf mask to the scores (NaN + -inf
     # is NaN) and multiplies V by probabilities (0 * NaN is NaN), so NaN or inf in a padded key or
     # value would reach real rows. torch.where (not a multiply) replaces padding by 0; it also
@@ -96,15 +114,16 @@ def torch_sdpa(q: Tensor, k: Tensor, v: Tensor, *, lengths=None, causal=False, s
     real_k = _real(lengths, k.shape[2])
     k, v = torch.where(real_k, k, zero), torch.where(real_k, v, zero)
     mask = allowed_mask(B, T, k.shape[2], lengths=lengths, causal=causal, window=window, device=q.device)  # (B, 1, T|1, S)
-    out = _sdpa(q, k, v, mask, causal, scale, band=causal or window is not None)
+    out = _sdpa(q, k, v, mask, causal, scale, band=causal or window is not None, bias=dense)
     return torch.where(_real(lengths, T), out, zero)  # padded query rows: exactly 0
 
 
-def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None) -> Tensor:
-    return reference_varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=causal, window=window, scale=scale).to(q.dtype)
+def reference_varlen(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None, bias=None) -> Tensor:
+    return reference_varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=causal, window=window, scale=scale,
+                                      bias=bias).to(q.dtype)
 
 
-def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None) -> Tensor:
+def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None, bias=None) -> Tensor:
     outs = []
     bounds = cu_seqlens.tolist()
     # one finiteness check of all keys, not one host sync per sequence (_sdpa checks each sequence only if it fails)
@@ -112,12 +131,13 @@ def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
+            L = end - start
+            dense = None if bias is None else bias.dense(L)  # (H, L, L): positions from the sequence's start
             if window is None:
-                o = _sdpa(qs, ks, vs, None, causal, scale, band=band)
+                o = _sdpa(qs, ks, vs, None, causal, scale, band=band, bias=dense)
             else:
-                L = end - start
                 mask = allowed_mask(1, L, L, causal=causal, window=window, device=q.device)[0]  # (1, L, L) band
-                o = _sdpa(qs, ks, vs, mask, causal, scale, band=band)
+                o = _sdpa(qs, ks, vs, mask, causal, scale, band=band, bias=dense)
             outs.append(o.transpose(0, 1))
     # torch.cat, not writes into an empty buffer: autograd follows it, and no token is left unwritten.
     return torch.cat(outs) if outs else q.clone()
@@ -141,14 +161,14 @@ def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=No
 
 register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,
                 "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", priority=-100, differentiable=True,
-                window=True))
+                window=True, bias=True))
 register(Kernel("torch_sdpa", "padded", torch_sdpa, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "F.scaled_dot_product_attention with a boolean key-padding mask (and window band)", priority=0,
-                differentiable=True, window=True))
+                "F.scaled_dot_product_attention with a boolean key-padding mask (and window band, position bias)",
+                priority=0, differentiable=True, window=True, bias=True))
 register(Kernel("reference_varlen", "varlen", reference_varlen, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "repad, naive attention, unpad: the varlen oracle", priority=-100, differentiable=True, window=True))
+                "repad, naive attention, unpad: the varlen oracle", priority=-100, differentiable=True, window=True, bias=True))
 register(Kernel("torch_sdpa_loop", "varlen", torch_sdpa_loop, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "one F.scaled_dot_product_attention call per sequence (window: a band mask each)", priority=0,
-                differentiable=True, window=True))
+                "one F.scaled_dot_product_attention call per sequence (window: a band mask each; bias: a float mask)",
+                priority=0, differentiable=True, window=True, bias=True))
 register(Kernel("torch_sdpa_nested", "varlen", torch_sdpa_nested, "torch", ("cpu", "cuda"), _ALL_FLOATS,
                 "F.scaled_dot_product_attention on a torch.nested jagged tensor", priority=-10, causal=False, differentiable=True))

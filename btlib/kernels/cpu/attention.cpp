@@ -18,6 +18,9 @@
  * window_right): key j allowed iff i - window_left <= j <= i + window_right, -1 = unbounded.
  * A query row with no key to attend outputs 0; a NaN or +inf among its scores makes it NaN, as
  * in the reference.
+ * Position bias, v3 and varlen only (btlib/position_bias.py): bias_kind 1 ALiBi, bias (H,) slopes,
+ * scores += -slope_h |j - i|; bias_kind 2 a table, bias (H, 2R + 1), R = bias_max_distance, scores +=
+ * bias[h, clamp(j - i, -R, R) + R]; float32, finite, on the CPU. Computed per score in the tile loop.
  * Threads: at::parallel_for, torch's intra-op pool (honours torch.set_num_threads). With torch's
  * OpenMP backend its body is an OpenMP region compiled into this file, hence -fopenmp (build.py).
  */
@@ -79,9 +82,34 @@ void set_window(Problem& p, int64_t left, int64_t right, int64_t T) {
   p.win_right = right >= T ? -1 : right;
 }
 
+// The position bias, checked: kind 0 none; 1 ALiBi, bias (H,) slopes; 2 table, bias (H, 2R + 1). The
+// returned tensor must outlive the call (p.bias points into it).
+at::Tensor set_bias(Problem& p, const std::optional<at::Tensor>& bias, int64_t kind, int64_t R) {
+  TORCH_CHECK(kind >= kBiasNone && kind <= kBiasTable, "btlib CPU attention: bias_kind must be 0 (none), 1 (ALiBi) or 2 "
+              "(table); got ", kind);
+  TORCH_CHECK((kind == kBiasNone) == !bias.has_value(), "btlib CPU attention: pass a bias tensor exactly when bias_kind is "
+              "1 or 2 (btlib.PositionBias.kernel_args() gives the three arguments)");
+  if (kind == kBiasNone) return at::Tensor();
+  const at::Tensor& b = *bias;
+  TORCH_CHECK(b.device().is_cpu() && b.scalar_type() == at::kFloat, "btlib CPU attention: the position bias must be a float32 "
+              "CPU tensor; got ", b.scalar_type(), " on ", b.device());
+  if (kind == kBiasAlibi) {
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == p.H, "btlib CPU attention: ALiBi slopes must be (H,) = (", p.H, ",); got ", b.sizes());
+  } else {
+    TORCH_CHECK(R >= 0 && R <= (int64_t(1) << 30), "btlib CPU attention: bias_max_distance must be in [0, 2^30]; got ", R);
+    TORCH_CHECK(b.dim() == 2 && b.size(0) == p.H && b.size(1) == 2 * R + 1, "btlib CPU attention: the bias table must be "
+                "(H, 2 * bias_max_distance + 1) = (", p.H, ", ", 2 * R + 1, "); got ", b.sizes());
+  }
+  TORCH_CHECK(at::isfinite(b).all().item<bool>(), "btlib CPU attention: the position bias holds NaN or inf; pass finite values");
+  at::Tensor c = b.contiguous();
+  p.bias_kind = int(kind), p.bias = c.data_ptr<float>(), p.bias_R = kind == kBiasTable ? R : 0;
+  return c;
+}
+
 template <typename F>
 at::Tensor padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths,
-                  bool causal, double scale, int64_t window_left, int64_t window_right, bool allow_bf16, F&& kernel) {
+                  bool causal, double scale, int64_t window_left, int64_t window_right, bool allow_bf16, F&& kernel,
+                  const std::optional<at::Tensor>& bias = std::nullopt, int64_t bias_kind = 0, int64_t bias_R = 0) {
   check_qkv(q, k, v, 4, allow_bf16);
   Problem p;
   p.B = q.size(0), p.H = q.size(1), p.Tq = q.size(2), p.D = q.size(3), p.Tk = k.size(2);
@@ -100,6 +128,7 @@ at::Tensor padded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   p.causal = causal;
   p.scale = float(scale);
   set_window(p, window_left, window_right, std::max(p.Tq, p.Tk));
+  const at::Tensor bias_c = set_bias(p, bias, bias_kind, bias_R);
   at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   for (int i = 0; i < 3; ++i) p.qs[i] = q.stride(i), p.ks[i] = k.stride(i), p.vs[i] = v.stride(i), p.os[i] = o.stride(i);
   if (q.numel() > 0) kernel(p, q, k, v, o);
@@ -127,12 +156,14 @@ void run_v3(const Problem& p, const at::Tensor& q, const at::Tensor& k, const at
 }
 
 at::Tensor v3_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths, bool causal, double scale,
-                 int64_t window_left, int64_t window_right) {
-  return padded(q, k, v, lengths, causal, scale, window_left, window_right, true, run_v3);
+                 int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias, int64_t bias_kind,
+                 int64_t bias_max_distance) {
+  return padded(q, k, v, lengths, causal, scale, window_left, window_right, true, run_v3, bias, bias_kind, bias_max_distance);
 }
 
 at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                     bool causal, double scale, int64_t window_left, int64_t window_right) {
+                     bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
+                     int64_t bias_kind, int64_t bias_max_distance) {
   check_qkv(q, k, v, 3, true);
   TORCH_CHECK(k.sizes() == q.sizes(), "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ", k.sizes());
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1,
@@ -152,6 +183,7 @@ at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.causal = causal;
   p.scale = float(scale);
   set_window(p, window_left, window_right, max_seqlen);
+  const at::Tensor bias_c = set_bias(p, bias, bias_kind, bias_max_distance);
   at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   auto strides = [](const at::Tensor& x, int64_t* s) { s[0] = 0, s[1] = x.stride(1), s[2] = x.stride(0); };
   strides(q, p.qs), strides(k, p.ks), strides(v, p.vs), strides(o, p.os);  // sequence b starts at token cu_seqlens[b]
@@ -183,9 +215,9 @@ BTLIB_TORCH_LIBRARY(BTLIB_OPS_NS, m) {
   m.def("attention_v1(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor");
   m.def("attention_v2(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor");
   m.def("attention_v3(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale, int window_left=-1, "
-        "int window_right=-1) -> Tensor");
+        "int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
   m.def("varlen_v3(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
-        "int window_left=-1, int window_right=-1) -> Tensor");
+        "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
   m.def("build_info() -> str", &build_info);  // no tensor in or out: a catch-all, never in a graph
 }
 

@@ -1,6 +1,7 @@
 // core.h: what every version shares, with no torch in it (core_check.cpp builds it alone).
 //   - Br, Bc, kMaxD; bf16, an element type with at::BFloat16's bits and rounding;
-//   - Problem: one attention call (padded or varlen, optionally a local window), strides in elements;
+//   - Problem: one attention call (padded or varlen, optionally a local window and a position bias),
+//     strides in elements;
 //   - for_tasks: the thread-pool hook. The kernels take a parallel_for(n, f) callable that runs
 //     f(begin, end) over [0, n) on the caller's pool (attention.cpp passes at::parallel_for);
 //     tasks are handed out by an atomic counter, in chunks, so uneven work still balances.
@@ -21,6 +22,7 @@ constexpr int64_t Br = 64;      // query rows per block (v2, v3)
 constexpr int64_t Bc = 64;      // keys per block; a multiple of kNV * W in every build
 constexpr int64_t kMaxD = 256;  // head_dim limit (buffers are sized by it)
 constexpr float kLog2e = 1.4426950408889634f;
+enum BiasKind : int { kBiasNone = 0, kBiasAlibi = 1, kBiasTable = 2 };  // btlib.position_bias.BIAS_KINDS
 static_assert(Bc % (kNV * W) == 0, "a key block must be whole micro-tiles");
 
 // bfloat16: the top 16 bits of a float. float -> bf16 rounds to nearest, ties to even, and NaN
@@ -60,6 +62,12 @@ struct Problem {
   // cannot overflow. Only v3 (flash.h) reads the window, through key_lo / key_hi; v1 / v2 (teaching.h)
   // stop at keys_of_row, and their bindings always pass -1, -1.
   int64_t win_left = -1, win_right = -1;
+  // Position bias (btlib/position_bias.py), added to the scaled score of row i, key j (both counted from
+  // the sequence's start): kBiasAlibi: -bias[h] * |j - i| (bias: H slopes); kBiasTable: bias[h * (2R + 1) +
+  // clamp(j - i, -R, R) + R] (bias: an (H, 2R + 1) table, R = bias_R). Only v3 (flash.h) reads it.
+  int bias_kind = 0;  // kBiasNone
+  const float* bias = nullptr;
+  int64_t bias_R = 0;
 
   int64_t row0(int64_t b) const { return cu_seqlens ? cu_seqlens[b] : 0; }
   int64_t len_q(int64_t b) const { return cu_seqlens ? cu_seqlens[b + 1] - cu_seqlens[b] : lengths ? lengths[b] : Tq; }

@@ -1,7 +1,8 @@
 // core_check.cpp: the torch-free kernel core (teaching.h, flash.h) against a double-precision
 // reference, in one program: every version, fp32 and bf16, padded and varlen, on sizes that are
 // not tile multiples, fully padded rows, causal on and off, local windows (v3 and varlen), and
-// NaN/inf in q, k, v at real and padded positions. v3 also reports how many (query block, key
+// NaN/inf in q, k, v at real and padded positions, and position biases (ALiBi, a table) with and
+// without windows (v3 and varlen). v3 also reports how many (query block, key
 // tile) pairs it computed: that must be exactly the number of pairs where some row of the block
 // may attend some key of the tile (the tile skip of padding, causal and windows, counted here by
 // brute force). Exits non-zero on any mismatch. tests/test_cpu_core.py builds it for every
@@ -37,7 +38,15 @@ struct Case {
   std::vector<int64_t> lengths;  // (B,)
   bool specials;                 // NaN / inf injected
   int64_t win_left = -1, win_right = -1;  // local window, -1 = unbounded
+  int bias_kind = kBiasNone;              // position bias: ALiBi slopes or a table with R = 5
 };
+
+// The position bias of head h, query i, key j from its definition (btlib/position_bias.py), in double.
+double bias_of(const Problem& p, int64_t h, int64_t i, int64_t j) {
+  if (p.bias_kind == kBiasAlibi) return -double(p.bias[h]) * double(std::abs(j - i));
+  if (p.bias_kind == kBiasTable) return p.bias[h * (2 * p.bias_R + 1) + std::min(std::max(j - i, -p.bias_R), p.bias_R) + p.bias_R];
+  return 0.0;
+}
 
 // May query row i of sequence b attend key j? From the definitions, not from Problem's helpers.
 bool allowed(const Problem& p, int64_t b, int64_t i, int64_t j) {
@@ -62,7 +71,7 @@ std::vector<double> reference(const Problem& p, const std::vector<float>& q, con
         for (size_t n = 0; n < keys.size(); ++n) {
           double dot = 0.0;
           for (int64_t d = 0; d < p.D; ++d) dot += double(p.at(q.data(), p.qs, b, h, i)[d]) * p.at(k.data(), p.ks, b, h, keys[n])[d];
-          s[n] = dot * p.scale;
+          s[n] = dot * p.scale + bias_of(p, h, i, keys[n]);
           m = std::max(m, s[n]);
         }
         if (m == -INFINITY) m = 0.0;  // only -inf scores: P = 0, not exp(-inf + inf) = NaN
@@ -180,7 +189,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.lengths = c.lengths.data();
   const int64_t s[3] = {H * T * D, T * D, D};
   for (int i = 0; i < 3; ++i) p.qs[i] = p.ks[i] = p.vs[i] = p.os[i] = s[i];
-  if (c.win_left < 0 && c.win_right < 0) {  // the teaching versions take no window
+  if (c.win_left < 0 && c.win_right < 0 && c.bias_kind == kBiasNone) {  // the teaching versions take no window, no bias
     const auto ref = reference(p, q, k, v, n);
     std::vector<float> o(n, kNaN);
     attention_v1(p, q.data(), k.data(), v.data(), o.data(), kThreads, ThreadsFor{});
@@ -190,6 +199,14 @@ void run_case(const Case& c, std::mt19937& rng) {
     compare("v2", c, p, o, ref, 1e-5);
   }
   p.win_left = c.win_left, p.win_right = c.win_right;
+  std::vector<float> bias;  // ALiBi: H slopes in [0.05, 1]; table: (H, 11), R = 5, N(0, 1)
+  if (c.bias_kind != kBiasNone) {
+    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
+    p.bias_R = c.bias_kind == kBiasTable ? 5 : 0;
+    bias.resize(c.bias_kind == kBiasAlibi ? H : H * 11);
+    for (auto& e : bias) e = c.bias_kind == kBiasAlibi ? slope(rng) : normal(rng);
+    p.bias_kind = c.bias_kind, p.bias = bias.data();
+  }
   check_v3<float>("v3 fp32", c, p, q, k, v, 1e-5);
   check_v3<bf16>("v3 bf16", c, p, q, k, v, 1.5e-2);  // P and O rounded to bf16: 2^-8 relative, twice
 
@@ -257,6 +274,19 @@ int main() {
   if (want16 != 16 || want36 != 36) std::printf("FAIL band_tiles: %lld and %lld, expected 16 and 36\n", (long long)want16, (long long)want36);
   std::printf("window cases: %lld (query block, key tile) pairs computed, each equal to its band's count\n",
               (long long)(tiles_done - tiles_before));
+  // Position biases: ALiBi and a table (R = 5, narrower than every T but 1), alone and with windows, causal
+  // on and off; lengths full, empty, random (the bias restarts at each packed sequence).
+  const int64_t bsizes[][4] = {{2, 3, 1, 24}, {3, 3, 97, 24}, {2, 1, 333, 64}};
+  const int64_t bwindows[][2] = {{-1, -1}, {3, 5}, {64, 64}};
+  for (const auto& s : bsizes)
+    for (const auto& w : bwindows)
+      for (int kind : {int(kBiasAlibi), int(kBiasTable)})
+        for (bool causal : {false, true}) {
+          Case c{s[0], s[1], s[2], s[3], causal, {}, false, w[0], w[1], kind};
+          std::uniform_int_distribution<int64_t> len(0, c.T);
+          for (int64_t b = 0; b < c.B; ++b) c.lengths.push_back(b == 0 ? c.T : b == 1 ? 0 : len(rng));
+          run_case(c, rng);
+        }
   std::printf("core_check %s W=%d kR=%d kNV=%d bf16dot=%d: %d checks, %d failures\n", kIsa, W, kR, kNV, int(kBf16Dot), checks,
               failures);
   return failures == 0 ? 0 : 1;

@@ -5,13 +5,13 @@
 A fake kernel computes only what the real one returns: shape, dtype, device and strides, from the
 inputs' metadata. Each mirrors attention.cpp's binding:
 
-    attention_v1/v2/v3(q, k, v, lengths, causal, scale[, window_left, window_right])
+    attention_v1/v2/v3(q, k, v, lengths, causal, scale[, window_left, window_right, bias, bias_kind, bias_max_distance])
         q (B, H, T, D), k, v (B, H, S, D) -> (B, H, T, D), q's dtype, contiguous (at::empty(q.sizes()))
-    varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right)
+    varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance)
         q, k, v (total, H, D), cu_seqlens (B + 1,) int32 -> (total, H, D), q's dtype, contiguous
 
 They repeat the binding's checks that need no data (rank, dtype, shapes, head_dim, strides, the window's
-reaches), with its messages. The checks that read values (lengths in [0, min(T, S)], cu_seqlens
+reaches, the position bias's kind and shape), with its messages. The checks that read values (lengths in [0, min(T, S)], cu_seqlens
 0-based, non-decreasing, ending at total, no sequence above max_seqlen) cannot run on fake tensors:
 the C++ kernel makes them when the compiled graph runs. build_info() -> str takes and returns no
 tensor, so it needs no fake kernel and is never part of a graph.
@@ -57,6 +57,17 @@ def _check_window(left: int, right: int) -> None:
                                                   f"for no limit on that side; got {left} and {right}")
 
 
+def _check_bias(bias: Tensor | None, kind: int, R: int, H: int) -> None:
+    tp.check(0 <= kind <= 2, lambda: f"btlib CPU attention: bias_kind must be 0 (none), 1 (ALiBi) or 2 (table); got {kind}")
+    tp.check((kind == 0) == (bias is None), lambda: "btlib CPU attention: pass a bias tensor exactly when bias_kind is 1 or 2 "
+                                                    "(btlib.PositionBias.kernel_args() gives the three arguments)")
+    if bias is None:
+        return
+    tp.check(bias.dtype == torch.float32, lambda: f"btlib CPU attention: the position bias must be a float32 CPU tensor; got {bias.dtype}")
+    want = (H,) if kind == 1 else (H, 2 * R + 1)
+    tp.check(tuple(bias.shape) == want, lambda: f"btlib CPU attention: the position bias must be {want}; got {list(bias.shape)}")
+
+
 def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, allow_bf16: bool) -> Tensor:
     _check_qkv(q, k, v, 4, allow_bf16)
     tp.check(k.shape[0] == q.shape[0] and k.shape[1] == q.shape[1],
@@ -71,12 +82,14 @@ def _v1(q, k, v, lengths, causal, scale):
     return _padded(q, k, v, lengths, allow_bf16=False)
 
 
-def _v3(q, k, v, lengths, causal, scale, window_left=-1, window_right=-1):
+def _v3(q, k, v, lengths, causal, scale, window_left=-1, window_right=-1, bias=None, bias_kind=0, bias_max_distance=0):
     _check_window(window_left, window_right)
+    _check_bias(bias, bias_kind, bias_max_distance, q.shape[1])
     return _padded(q, k, v, lengths, allow_bf16=True)
 
 
-def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, window_right=-1):
+def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, window_right=-1, bias=None, bias_kind=0,
+            bias_max_distance=0):
     _check_qkv(q, k, v, 3, True)
     tp.check(k.shape == q.shape, lambda: "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); "
                                           f"got {list(q.shape)} and {list(k.shape)}")
@@ -84,6 +97,7 @@ def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, wind
               lambda: "btlib CPU varlen attention: cu_seqlens must be a 1-D int32 tensor of B + 1 offsets; "
                       f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}")
     _check_window(window_left, window_right)
+    _check_bias(bias, bias_kind, bias_max_distance, q.shape[1])
     return q.new_empty(q.shape)  # (total, H, D) contiguous
 
 

@@ -9,7 +9,13 @@
 // S (Br x Bc) and O (Br x Dp) stay in L1/L2; K^T and V tiles are packed once per (b, h) per
 // thread, when a block first reaches them, and stream through.
 // The products run on a Path (flash_tiles.h: fp32; flash_bf16dot.h: vdpbf16ps); the softmax, the
-// masks and the block loop below are the same for both.
+// masks, the position bias and the block loop below are the same for both.
+//
+// Position bias (ALiBi or a relative-position table, core.h's Problem::bias_kind): added to each row's
+// allowed scores of the tile, after Q K^T and before the online softmax, from (h, i, j) alone: a
+// (T, T) bias never exists. In log2 units like S (times log2 e), fp32 for both paths. Cost: one
+// gather or multiply-add per allowed score, ~1/(2D) of the Q K^T product's flops; without a bias
+// the per-row branch is all that remains.
 //
 // NaN and inf, as in the reference: a row whose attended scores hold a NaN or +inf is NaN in every
 // element (softmax of it is NaN); a row whose attended scores are all -inf outputs 0 (as SDPA; a
@@ -18,6 +24,8 @@
 // attending it: 0 * NaN); keys beyond the sequence's length are never packed and padded query
 // rows are written as exact 0, so nothing in the padding reaches a real row.
 #pragma once
+
+#include <cstdlib>
 
 #include "flash_bf16dot.h"
 #include "flash_tiles.h"
@@ -64,7 +72,20 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t las
   return alpha;
 }
 
-// One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale) V over the keys it attends.
+// S[c] += bias(h, i, j0 + c) * log2(e) for the row's allowed keys c in [first, last) of the tile.
+// i and j are positions within the sequence; d = j - i runs over consecutive values along the row.
+inline void add_position_bias(const Problem& p, int64_t h, int64_t i, int64_t j0, float* S, int64_t first, int64_t last) {
+  if (p.bias_kind == kBiasAlibi) {
+    const float slope = -p.bias[h] * kLog2e;  // -slope |d| in base 2
+    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(j0 + c - i));
+  } else {  // kBiasTable: row h, centred on d = 0
+    const int64_t R = p.bias_R;
+    const float* t = p.bias + h * (2 * R + 1) + R;
+    for (int64_t c = first; c < last; ++c) S[c] += t[std::clamp<int64_t>(j0 + c - i, -R, R)] * kLog2e;
+  }
+}
+
+// One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
 // Returns the number of key tiles it visited (core_check.cpp checks it against the band).
 template <typename Path, typename T>
 int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h, int64_t q0,
@@ -102,6 +123,7 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
     for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile
       const int64_t first = std::clamp<int64_t>(p.key_lo(q0 + i) - j0, 0, nk);
       const int64_t last = std::clamp<int64_t>(p.key_hi(b, q0 + i) - j0, 0, nk);
+      if (p.bias_kind != kBiasNone) add_position_bias(p, h, q0 + i, j0, ws.S.data() + i * Bc, first, last);
       ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i]);
       Path::store_p(ws, i, nk);
     }

@@ -4,14 +4,16 @@ Each wrapper builds the library on its first call (build.ops), fills in the defa
 calls ``torch.ops.btlib_cpu_<isa>.<op>`` of the build :func:`build.isa` picks. Shapes:
 
     attention_v1/v2(q, k, v, *, lengths=None, causal=False, scale=None)
-    attention_v3(q, k, v, *, lengths=None, causal=False, scale=None, window=None)
+    attention_v3(q, k, v, *, lengths=None, causal=False, scale=None, window=None, bias=None)
         q: (B, H, T, D); k, v: (B, H, S, D); lengths: (B,) int, <= min(T, S) -> (B, H, T, D)
         Any strides with head_dim contiguous: q.transpose(1, 2) of a (B, T, H, D) projection works.
-    varlen_attention_v3(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None)
+    varlen_attention_v3(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None, bias=None)
         q, k, v: (total, H, D); cu_seqlens: (B + 1,) int32 -> (total, H, D)
 
 window=(left, right): local attention, query i attends keys i - left .. i + right; v3 and varlen
 visit only the key tiles that meet each query block's band (v1/v2, the teaching versions, take none).
+bias=btlib.PositionBias (ALiBi or a relative-position table): v3 and varlen add it per score inside the
+tile loop (flash.h), from the positions within each sequence; v1/v2 take none (the registry says so).
 
 Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen. bf16 sums in fp32: on a CPU with
 AVX512_BF16 both products run on vdpbf16ps (P is rounded to bf16 for P V, as PyTorch does);
@@ -33,6 +35,7 @@ from ... import precision
 from ..._compile import constant_result
 from ...checks import INT32_MAX, check_int, window_reach
 from ...hardware import bf16_native
+from ...position_bias import PositionBias, kernel_args
 from ..registry import Kernel, register
 from . import build
 
@@ -96,27 +99,32 @@ def attention_v2(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = No
 
 
 def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                 scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                 scale: float | None = None, window: tuple[int, int] | None = None,
+                 bias: PositionBias | None = None) -> Tensor:
     """v3: one pass, online softmax, SIMD micro-kernels, threads over (b, h, query block). (B, H, T, D) fp32/bf16.
 
     window=(left, right): local attention; only the key tiles meeting a query block's band are computed.
+    bias: a btlib.PositionBias of H heads on the CPU, added per score in the tile loop.
     """
     _check_bf16(q)
-    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window))
+    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window), *kernel_args(bias))
 
 
 def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                        scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                        scale: float | None = None, window: tuple[int, int] | None = None,
+                        bias: PositionBias | None = None) -> Tensor:
     """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2), with
     window=(left, right) about 4 H D sum_i L_i (64 + left + right) (whole 64-key tiles around each block's band).
 
     max_seqlen only bounds the lengths here: on a CPU the kernel reads cu_seqlens itself (host memory,
     B integers, no sync) and makes one task per real query block, so nothing is sized by it. The GPU
     kernels size their grid by it instead of reading the lengths back from the device.
+    bias: a btlib.PositionBias, positions counted from each sequence's first token.
     """
     _check_bf16(q)
     max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)
-    return build.ops().varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window))
+    return build.ops().varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window),
+                                 *kernel_args(bias))
 
 
 _F32 = (torch.float32,)
@@ -127,8 +135,8 @@ register(Kernel("cpu_naive_v1", "padded", attention_v1, dtypes=_F32, priority=-5
                 description="C++ v1: materialise S = QK^T, softmax, PV (plain loops)", **_common))
 register(Kernel("cpu_tiled_v2", "padded", attention_v2, dtypes=_F32, priority=-40,
                 description="C++ v2: key/value tiles, two passes over K (plain loops)", **_common))
-register(Kernel("cpu_flash_v3", "padded", attention_v3, dtypes=_F32_BF16, priority=10, window=True,
+register(Kernel("cpu_flash_v3", "padded", attention_v3, dtypes=_F32_BF16, priority=10, window=True, bias=True,
                 description="C++ v3: one-pass online softmax, SIMD micro-kernels, threads over (b, h, block); "
                             "a window skips the key tiles outside it", **_common))
-register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, dtypes=_F32_BF16, priority=10, window=True,
+register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, dtypes=_F32_BF16, priority=10, window=True, bias=True,
                 description="C++ v3 on packed tokens + cu_seqlens: no work on padding (nor outside a window)", **_common))

@@ -78,8 +78,33 @@ void set_window(Params& p, int64_t left, int64_t right, int64_t T) {
   p.win_right = right >= T ? -1 : static_cast<int>(right);
 }
 
+// The position bias, checked (shapes, dtype, device; its values are checked finite by btlib.PositionBias when
+// built, not here: that would sync): kind 0 none, 1 ALiBi (H,) slopes, 2 table (H, 2R + 1). The returned tensor
+// must outlive the launch (p.bias points into it).
+at::Tensor set_bias(Params& p, const at::Tensor& q, const std::optional<at::Tensor>& bias, int64_t kind, int64_t R) {
+  TORCH_CHECK(kind >= 0 && kind <= 2, "btlib CUDA attention: bias_kind must be 0 (none), 1 (ALiBi) or 2 (table); got ", kind);
+  TORCH_CHECK((kind == 0) == !bias.has_value(), "btlib CUDA attention: pass a bias tensor exactly when bias_kind is 1 or 2 "
+              "(btlib.PositionBias.kernel_args() gives the three arguments)");
+  if (kind == 0) return at::Tensor();
+  const at::Tensor& b = *bias;
+  TORCH_CHECK(b.device() == q.device() && b.scalar_type() == at::kFloat, "btlib CUDA attention: the position bias must be a "
+              "float32 tensor on q's device (", q.device(), "); got ", b.scalar_type(), " on ", b.device());
+  const int64_t H = q.size(1);
+  if (kind == 1) {
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == H, "btlib CUDA attention: ALiBi slopes must be (H,) = (", H, ",); got ", b.sizes());
+  } else {
+    TORCH_CHECK(R >= 0 && R <= (int64_t(1) << 30), "btlib CUDA attention: bias_max_distance must be in [0, 2^30]; got ", R);
+    TORCH_CHECK(b.dim() == 2 && b.size(0) == H && b.size(1) == 2 * R + 1, "btlib CUDA attention: the bias table must be "
+                "(H, 2 * bias_max_distance + 1) = (", H, ", ", 2 * R + 1, "); got ", b.sizes());
+  }
+  at::Tensor c = b.contiguous();
+  p.bias = c.data_ptr<float>(), p.bias_kind = static_cast<int>(kind), p.bias_R = kind == 2 ? static_cast<int>(R) : 0;
+  return c;
+}
+
 at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& lengths,
-                         bool causal, double scale, int64_t window_left, int64_t window_right) {
+                         bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
+                         int64_t bias_kind, int64_t bias_max_distance) {
   check_qkv(q, k, v, 4);
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1), "btlib CUDA attention: k must be (B, H, S, D) with q's B and H; got q ",
@@ -90,6 +115,7 @@ at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   p.causal = causal;
   p.scale_log2e = static_cast<float>(scale * kLog2e);
   set_window(p, window_left, window_right, std::max(p.Tq, p.Tk));
+  const at::Tensor bias_c = set_bias(p, q, bias, bias_kind, bias_max_distance);
   at::Tensor len;
   if (lengths.has_value()) {
     TORCH_CHECK(lengths->dim() == 1 && lengths->size(0) == q.size(0), "btlib CUDA attention: lengths must be (B,) = (", q.size(0),
@@ -108,7 +134,8 @@ at::Tensor attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                      bool causal, double scale, int64_t window_left, int64_t window_right) {
+                      bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
+                      int64_t bias_kind, int64_t bias_max_distance) {
   check_qkv(q, k, v, 3);
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(k.sizes() == q.sizes(), "btlib CUDA varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ",
@@ -132,6 +159,7 @@ at::Tensor varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   p.causal = causal;
   p.scale_log2e = static_cast<float>(scale * kLog2e);
   set_window(p, window_left, window_right, max_seqlen);
+  const at::Tensor bias_c = set_bias(p, q, bias, bias_kind, bias_max_distance);
   return run(p, q, k, v, true);
 }
 
@@ -144,8 +172,9 @@ std::string build_info() {
 
 TORCH_LIBRARY(btlib_cuda, m) {
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale, int window_left=-1, "
-        "int window_right=-1) -> Tensor", &attention_fwd);
+        "int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor", &attention_fwd);
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
-        "int window_left=-1, int window_right=-1) -> Tensor", &varlen_fwd);
+        "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor",
+        &varlen_fwd);
   m.def("build_info() -> str", &build_info);
 }

@@ -59,7 +59,8 @@ void run_dtype(const btlib_cuda::Params& p) {
 // C ABI for ctypes. Pointers are host memory; strides as in Params (batch, head, row) x (q, k, v, o).
 extern "C" int btlib_emulate_flash_forward(const void* q, const void* k, const void* v, void* o, const int32_t* lengths,
                                            const int32_t* cu_seqlens, const int64_t* strides, int B, int H, int Tq, int Tk,
-                                           int D, int causal, float scale_log2e, int dtype, int win_left, int win_right) {
+                                           int D, int causal, float scale_log2e, int dtype, int win_left, int win_right,
+                                           const float* bias, int bias_kind, int bias_R) {
   btlib_cuda::Params p;
   p.q = q, p.k = k, p.v = v, p.o = o, p.lengths = lengths, p.cu_seqlens = cu_seqlens;
   std::memcpy(p.q_stride, strides, 3 * sizeof(int64_t));
@@ -68,6 +69,8 @@ extern "C" int btlib_emulate_flash_forward(const void* q, const void* k, const v
   std::memcpy(p.o_stride, strides + 9, 3 * sizeof(int64_t));
   p.B = B, p.H = H, p.Tq = Tq, p.Tk = Tk, p.D = D, p.causal = causal != 0, p.scale_log2e = scale_log2e;
   p.win_left = win_left, p.win_right = win_right;
+  p.bias = bias, p.bias_kind = bias_kind, p.bias_R = bias_R;
+  if (bias_kind < 0 || bias_kind > 2 || (bias_kind != 0) != (bias != nullptr)) return 3;
   if (D < 1 || D > btlib_cuda::kMaxHeadDim) return 1;
   switch (static_cast<btlib_cuda::DType>(dtype)) {
     case btlib_cuda::DType::kFloat32: run_dtype<float>(p); break;

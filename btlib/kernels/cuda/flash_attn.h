@@ -31,6 +31,11 @@ struct Params {
   // stores a reach >= T as -1, so first + kBr + win_right cannot overflow.
   int win_left = -1, win_right = -1;
   float scale_log2e = 0.f;  // softmax scale * log2(e): the kernel uses exp2
+  // Position bias (btlib/position_bias.py), added to the scaled score of query i, key j (positions within
+  // the sequence): bias_kind 1 ALiBi, bias = H slopes, -slope_h |j - i|; 2 a table, bias = (H, 2 bias_R + 1),
+  // bias[h][clamp(j - i, -R, R) + R]; 0 none. float32 in device memory.
+  const float* bias = nullptr;
+  int bias_kind = 0, bias_R = 0;
 };
 
 // Launch the forward kernel on `stream`. Returns nullptr on success, else the CUDA error text

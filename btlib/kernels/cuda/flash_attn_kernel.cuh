@@ -13,6 +13,8 @@
 // tile loop runs only over the keys some row of the block may attend: with a window about
 // kBr + win_left + win_right keys (rounded out to kBc tiles) instead of L, so 4 L D (kBr + left +
 // right) flops per (b, h) instead of 4 L^2 D.
+// Position bias (Params::bias_kind): ALiBi -slope_h |j - i| or a table row h at clamp(j - i, -R, R) + R,
+// added to each allowed score from the positions (the table is read through L1; no (T, T) tensor).
 //
 // Torch-free and launch-free: flash_attn.cu includes it and launches it; emulate.cpp includes it
 // and runs it on CPU threads for the tests. Needs Params (flash_attn.h), <cmath> and the
@@ -26,6 +28,8 @@
 #include "flash_attn.h"
 
 namespace btlib_cuda {
+
+constexpr float kLog2eF = 1.4426950408889634f;  // the scores are in log2 units: the bias is scaled alike
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -65,6 +69,9 @@ __global__ void __launch_bounds__(kBr) flash_fwd_kernel(const Params p) {
     qr[d] = (active && d < p.D) ? to_float(q[i * p.q_stride[2] + d]) * p.scale_log2e : 0.f;
     acc[d] = 0.f;
   }
+  // the bias of head h: ALiBi's slope, or the table row centred on j - i = 0 (in log2 units)
+  const float alibi = p.bias_kind == 1 ? -p.bias[h] * kLog2eF : 0.f;
+  const float* table = p.bias_kind == 2 ? p.bias + int64_t(h) * (2 * int64_t(p.bias_R) + 1) + p.bias_R : nullptr;
   float m = -INFINITY;  // running max of this row's scores (log2 units)
   float l = 0.f;        // running sum of exp2(s - m)
 
@@ -89,6 +96,8 @@ __global__ void __launch_bounds__(kBr) flash_fwd_kernel(const Params p) {
         float dot = 0.f;
         for (int d = 0; d < kD; ++d) dot += qr[d] * Ks[jj][d];
         const bool in_window = (p.win_left < 0 || j >= i - p.win_left) && (p.win_right < 0 || j <= i + p.win_right);
+        if (p.bias_kind == 1) dot += alibi * fabsf(float(j - i));
+        else if (p.bias_kind == 2) dot += table[min(max(j - i, -p.bias_R), p.bias_R)] * kLog2eF;
         s[jj] = (j < Lk && (!p.causal || j <= i) && in_window) ? dot : -INFINITY;
         m_tile = fmaxf(m_tile, s[jj]);
       }

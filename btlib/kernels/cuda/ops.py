@@ -1,7 +1,9 @@
 """Typed wrappers of btlib's CUDA C++ kernel (flash_attn.cu + binding.cpp), and its registry entries.
 
-    cuda_attention(q, k, v, *, lengths=None, causal=False, scale=None, window=None)                   (B, H, T, D)
-    cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None)  (total, H, D)
+    cuda_attention(q, k, v, *, lengths=None, causal=False, scale=None, window=None, bias=None)                   (B, H, T, D)
+    cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None, bias=None)  (total, H, D)
+
+bias: a btlib.PositionBias (ALiBi or a relative-position table) on q's device, computed in the kernel.
 
 Both take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; sums in fp32; output
 in the input dtype. The extension builds on the first call (build.py); ``cuda_available()`` only
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ...checks import INT32_MAX, check_int, window_reach
+from ...position_bias import PositionBias, check_position_bias, kernel_args
 from ..gpu_limits import DTYPES, MAX_HEAD_DIM
 from ..registry import CpuRun, Kernel, register
 from . import build, emulate
@@ -37,26 +40,34 @@ def _scale(q: Tensor, scale: float | None) -> float:
 
 
 def cuda_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                   scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                   scale: float | None = None, window: tuple[int, int] | None = None,
+                   bias: PositionBias | None = None) -> Tensor:
     """CUDA C++ kernel on a padded batch (builds on first call). q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int.
 
     window=(left, right): local attention; key tiles outside a query tile's band are not visited.
+    bias: a btlib.PositionBias of H heads on q's device.
     """
     build.load()
-    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window))
+    bias = check_position_bias(bias, q.shape[1], q.device)
+    return torch.ops.btlib_cuda.attention_fwd(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window),
+                                              *kernel_args(bias))
 
 
 def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                          scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
-    """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
+                          scale: float | None = None, window: tuple[int, int] | None = None,
+                          bias: PositionBias | None = None) -> Tensor:
+    """CUDA C++ kernel on packed tokens (builds on first call). q, k, v: (total, H, D); cu_seqlens (B + 1,) int32;
+    bias: a btlib.PositionBias, positions counted from each sequence's first token."""
     build.load()
     max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)  # the grid is sized by it
-    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window))
+    bias = check_position_bias(bias, q.shape[1], q.device)
+    return torch.ops.btlib_cuda.varlen_fwd(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window),
+                                           *kernel_args(bias))
 
 
 # Without a GPU the check still runs the kernel's own source, on CPU threads (emulate.py).
 _cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-20,
-             available=cuda_available, window=True)
+             available=cuda_available, window=True, bias=True)
 
 register(Kernel("cuda_flash", "padded", cuda_attention,
                 description="CUDA C++ FlashAttention forward: one thread per query row, K/V tiles in shared memory (FMA, no tensor cores)",

@@ -15,6 +15,12 @@ per (b, h) instead of the naive kernel's extra 2-3 T * S score reads and writes.
 window (left, right) a program loops only over the key tiles its rows' band reaches
 [start_m - left, start_m + Br + right): about (Br + left + right) keys instead of T.
 
+Position bias (``bias=btlib.PositionBias``, the ``BIAS`` constexpr: 0 none, 1 ALiBi, 2 table): added
+to each (Br, Bc) tile of scores from the positions, i = offs_m and j = cols within the sequence:
+ALiBi -slope_h |j - i| (one scalar load per tile), a table by a gather of values[h, clamp(j - i, -R,
+R) + R] (the (H, 2R + 1) table stays in L1/L2: 1 KiB a head at R = 128). In log2 units like the
+scores; never a (T, T) tensor. Without a bias the constexpr removes the code.
+
 Precision: tl.dot accumulates in fp32 for every input dtype; P is rounded to the input dtype
 before P V (as FlashAttention does) for fp16/bf16. fp32 inputs use ``input_precision="ieee"``
 (no TF32), so fp32 results meet the fp32 tolerance on a GPU as in the interpreter.
@@ -50,17 +56,18 @@ __all__ = ["flash_attention", "flash_varlen_attention", "block_config", "interpr
            "TRITON_MISSING"]
 
 from ...checks import check_window  # noqa: E402
+from ...position_bias import PositionBias, check_position_bias, kernel_args  # noqa: E402
 from ..gpu_limits import DTYPES, LOG2E, MAX_HEAD_DIM  # noqa: E402  (after the triton import and its stand-ins)
 
 
 @triton.jit
 def attn_fwd(
-    Q, K, V, O, Lengths, CuSeqlens,
+    Q, K, V, O, Lengths, CuSeqlens, Bias,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    H, Tq, Tk, D, qk_scale, win_left, win_right,
+    H, Tq, Tk, D, qk_scale, win_left, win_right, bias_R,
     Br: tl.constexpr, Bc: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BIAS: tl.constexpr,
     DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -116,6 +123,12 @@ def attn_fwd(
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             s = s * qk_scale
+            if BIAS == 1:  # ALiBi: -slope_h |j - i|, times log2(e) like the scores
+                slope = tl.load(Bias + h) * 1.4426950408889634
+                s = s - slope * tl.abs(cols[None, :] - offs_m[:, None]).to(tl.float32)
+            if BIAS == 2:  # table: row h at clamp(j - i, -R, R) + R
+                rel = tl.minimum(tl.maximum(cols[None, :] - offs_m[:, None], -bias_R), bias_R) + bias_R
+                s = s + tl.load(Bias + h * (2 * bias_R + 1) + rel) * 1.4426950408889634
             allowed = (cols < Lk)[None, :]
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= offs_m[:, None])
@@ -186,7 +199,7 @@ def interpreted() -> bool:
     return TRITON_MISSING is None and not isinstance(attn_fwd, triton.runtime.JITFunction)
 
 
-def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks, window=None):
+def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, causal, scale, blocks, window=None, bias=None):
     if TRITON_MISSING:
         raise RuntimeError(TRITON_MISSING)
     D = q.shape[-1]
@@ -201,6 +214,8 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
             "To run the kernel on the CPU in Triton's interpreter, set TRITON_INTERPRET=1 before triton is first "
             "imported (os.environ['TRITON_INTERPRET'] = '1' at the top of the script or notebook)."
         )
+    bias = check_position_bias(bias, H, q.device)
+    bias_values, bias_kind, bias_R = kernel_args(bias)
     cfg = block_config(D, q.dtype, _capability(q.device))
     cfg.update(blocks or {})
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -217,8 +232,10 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
     out = torch.empty(o.shape, dtype=torch.float32, device=o.device) if bf16_fix else o  # same (contiguous) strides
     attn_fwd[grid](
         q, k, v, out, lengths if lengths is not None else dummy, cu_seqlens if cu_seqlens is not None else dummy,
-        *strides, H, Tq, Tk, D, scale * LOG2E, *win,
+        bias_values if bias_values is not None else dummy.float(),
+        *strides, H, Tq, Tk, D, scale * LOG2E, *win, bias_R,
         VARLEN=cu_seqlens is not None, HAS_LENGTHS=lengths is not None, CAUSAL=bool(causal), WINDOW=window is not None,
+        BIAS=bias_kind,
         DOT_FP32=bf16_fix,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **cfg,
@@ -229,7 +246,8 @@ def _launch(q, k, v, o, lengths, cu_seqlens, strides, B, H, Tq, Tk, grid_m, caus
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                    scale: float | None = None, window: tuple[int, int] | None = None, blocks: dict | None = None) -> Tensor:
+                    scale: float | None = None, window: tuple[int, int] | None = None, bias: PositionBias | None = None,
+                    blocks: dict | None = None) -> Tensor:
     """Fused attention on a padded batch. CUDA tensors run compiled; CPU tensors run interpreted.
 
     Args:
@@ -237,6 +255,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None =
         lengths: (B,) int, real tokens per sequence (keys j >= L ignored, rows t >= L output 0).
         causal: query i attends keys j <= i.  scale: defaults to 1 / sqrt(D).
         window: (left, right) ints >= 0: query i attends keys i - left .. i + right only; None: all.
+        bias: a btlib.PositionBias of H heads on q's device (ALiBi or a table), added from the positions.
         blocks: overrides of :func:`block_config` (e.g. ``{"Br": 16, "Bc": 16}``).
 
     Returns:
@@ -247,19 +266,20 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None =
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, T, D) contiguous
     L = None if lengths is None else lengths.to(device=q.device, dtype=torch.int32)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    return _launch(q, k, v, o, L, None, strides, B, H, Tq, Tk, Tq, causal, scale, blocks, check_window(window))
+    return _launch(q, k, v, o, L, None, strides, B, H, Tq, Tk, Tq, causal, scale, blocks, check_window(window), bias)
 
 
 def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
                            scale: float | None = None, window: tuple[int, int] | None = None,
-                           blocks: dict | None = None) -> Tensor:
+                           bias: PositionBias | None = None, blocks: dict | None = None) -> Tensor:
     """Fused attention on packed tokens: sequence b is rows cu_seqlens[b]:cu_seqlens[b+1]; no work on padding.
 
     Args:
         q, k, v: (total, H, D); fp16, bf16 or fp32, head_dim contiguous, D <= 128.
         cu_seqlens: (B + 1,) int32 on q's device, e.g. [0, 2, 6, 9] for lengths [2, 4, 3].
         max_seqlen: the longest sequence (sets the grid: B * H * ceil(max_seqlen / Br) programs).
-        causal, scale, window, blocks: as in :func:`flash_attention` (window positions within each sequence).
+        causal, scale, window, bias, blocks: as in :func:`flash_attention` (window and bias positions within each
+            sequence).
 
     Returns:
         (total, H, D) in q's dtype.
@@ -270,5 +290,5 @@ def flash_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     # Batch stride 0: sequence b's rows are found through cu_seqlens[b], not b * stride.
     strides = (0, q.stride(1), q.stride(0), 0, k.stride(1), k.stride(0), 0, v.stride(1), v.stride(0), 0, o.stride(1), o.stride(0))
     return _launch(q, k, v, o, None, cu_seqlens, strides, B, H, max_seqlen, max_seqlen, max_seqlen, causal, scale, blocks,
-                   check_window(window))
+                   check_window(window), bias)
 

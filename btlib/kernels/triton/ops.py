@@ -1,7 +1,9 @@
 """Typed wrappers of btlib's Triton kernel (flash_attn.py), and its registry entries.
 
-    triton_attention(q, k, v, *, lengths=None, causal=False, scale=None, window=None)                   (B, H, T, D)
-    triton_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None)  (total, H, D)
+    triton_attention(q, k, v, *, lengths=None, causal=False, scale=None, window=None, bias=None)                   (B, H, T, D)
+    triton_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None, window=None, bias=None)  (total, H, D)
+
+bias: a btlib.PositionBias (ALiBi or a relative-position table) on q's device, computed in the kernel.
 
 Both take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; sums in fp32; output
 in the input dtype. Nothing here imports triton or touches the GPU until a kernel is called:
@@ -43,20 +45,21 @@ def triton_available() -> str | None:
 
 
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                     scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                     scale: float | None = None, window: tuple[int, int] | None = None, bias=None) -> Tensor:
     """Triton FlashAttention forward on a padded batch. q: (B, H, T, D); k, v: (B, H, S, D); lengths (B,) int;
-    window=(left, right): local attention, key tiles outside each program's band skipped."""
+    window=(left, right): local attention, key tiles outside each program's band skipped; bias: a btlib.PositionBias."""
     from .flash_attn import flash_attention
 
-    return flash_attention(q, k, v, lengths=lengths, causal=causal, scale=scale, window=window)
+    return flash_attention(q, k, v, lengths=lengths, causal=causal, scale=scale, window=window, bias=bias)
 
 
 def triton_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                            scale: float | None = None, window: tuple[int, int] | None = None) -> Tensor:
+                            scale: float | None = None, window: tuple[int, int] | None = None, bias=None) -> Tensor:
     """Triton FlashAttention forward on packed tokens. q, k, v: (total, H, D); cu_seqlens (B + 1,) int32."""
     from .flash_attn import flash_varlen_attention
 
-    return flash_varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale, window=window)
+    return flash_varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale, window=window,
+                                  bias=bias)
 
 
 def _interpreter_available() -> str | None:
@@ -65,7 +68,7 @@ def _interpreter_available() -> str | None:
 
 # Without a GPU the check still runs the kernel's own source, in Triton's interpreter.
 _triton = dict(backend="triton", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-5,
-               available=triton_available, cpu_run=CpuRun("interpreter", _interpreter_available), window=True)
+               available=triton_available, cpu_run=CpuRun("interpreter", _interpreter_available), window=True, bias=True)
 
 register(Kernel("triton_flash", "padded", triton_attention,
                 description="Triton FlashAttention forward: online softmax, key padding by lengths, causal, local window; tensor cores on sm_80+",

@@ -52,11 +52,12 @@ class Compiled:
 
 
 def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: int = 64, *, varlen: bool = False,
-                causal: bool = False, window: bool = False, blocks: dict | None = None) -> Compiled:
+                causal: bool = False, window: bool = False, bias: int = 0, blocks: dict | None = None) -> Compiled:
     """Compile attn_fwd for sm_<capability> with :func:`block_config`'s tiles, or ``blocks``' overrides
     (e.g. ``{"Br": 64, "Bc": 128}``: powers of 2, as tl.arange needs); no GPU needed.
 
     window: compile the local-window variant (its reaches stay runtime int32 arguments).
+    bias: the position-bias variant, 0 none, 1 ALiBi, 2 table (btlib.position_bias.BIAS_KINDS).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -69,10 +70,11 @@ def compile_for(capability: int, dtype: torch.dtype = torch.float16, head_dim: i
                            "Compile in a process without it (python -m btlib.kernels.triton.targets).")
     cfg = {**block_config(head_dim, dtype, capability), **(blocks or {})}
     constexprs = dict(Br=cfg["Br"], Bc=cfg["Bc"], BLOCK_D=cfg["BLOCK_D"], VARLEN=varlen,
-                      HAS_LENGTHS=not varlen, CAUSAL=causal, WINDOW=window, DOT_FP32=False,
+                      HAS_LENGTHS=not varlen, CAUSAL=causal, WINDOW=window, BIAS=bias, DOT_FP32=False,
                       PRECISION="ieee" if dtype == torch.float32 else "tf32")
-    signature = {name: "i32" for name in attn_fwd.arg_names}  # strides, H, Tq, Tk, D, win_left, win_right
-    signature.update(Q=_PTR[dtype], K=_PTR[dtype], V=_PTR[dtype], O=_PTR[dtype], Lengths="*i32", CuSeqlens="*i32", qk_scale="fp32")
+    signature = {name: "i32" for name in attn_fwd.arg_names}  # strides, H, Tq, Tk, D, win_left, win_right, bias_R
+    signature.update(Q=_PTR[dtype], K=_PTR[dtype], V=_PTR[dtype], O=_PTR[dtype], Lengths="*i32", CuSeqlens="*i32",
+                     Bias="*fp32", qk_scale="fp32")
     signature.update({name: "constexpr" for name in constexprs})
     t0 = time.perf_counter()
     k = triton.compile(ASTSource(attn_fwd, signature, constexprs), target=GPUTarget("cuda", capability, 32),
