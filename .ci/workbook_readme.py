@@ -1,6 +1,6 @@
 """The README's generated parts, from the committed notebooks: ``python .ci/workbook.py readme [--check]``.
 
-A number measured on one machine is a fact about that machine, so README.md types none. Two parts
+A number measured on one machine is a fact about that machine, so README.md types none. Three parts
 of it are written from what the committed notebooks recorded, each between a pair of markers:
 
 - ``measures``: the section "What it measures". A header names the machine that produced the
@@ -9,6 +9,8 @@ of it are written from what the committed notebooks recorded, each between a pai
   header says so and lists which ran where. Then, for every ``notebooks/NN_*.ipynb`` in number order,
   the text printed by its one code cell tagged ``readme`` (1-4 sentences from its measured rows).
   A notebook whose committed outputs are at quick sizes is marked as such.
+- ``model families``: which model families btlib loads and how each is checked, written from
+  btlib.pretrained.coverage's registry (``coverage_table``); tests/test_coverage.py holds README.md to it.
 - ``notebook table``: the notebook map. Its rows (what each notebook teaches) are typed; the last
   column, the run time at default and at quick sizes, is written from each notebook's metadata.
 
@@ -42,6 +44,7 @@ README_TAG = "readme"
 SETUP_ID = "colab-setup"
 MEASURES = "measures"
 TABLE = "notebook table"
+FAMILIES = "model families"
 TIME_HEADER = "run time, default / quick sizes, on the machine under [What it measures](#what-it-measures)"
 
 
@@ -243,13 +246,21 @@ def _between(text: str, name: str) -> str:
 
 
 def generate(readme_text: str, summaries: list[Summary]) -> str:
-    """README text with both generated parts rewritten from ``summaries``; raises ReadmeError listing every problem."""
+    """README text with its generated parts rewritten from ``summaries``; raises ReadmeError listing every problem."""
     problems = [p for s in summaries for p in s.problems]
     table, table_problems = render_table(_between(readme_text, TABLE), summaries)
     problems += table_problems
     if problems:
         raise ReadmeError("cannot generate README.md from the committed notebooks:\n  " + "\n  ".join(problems))
-    return _replace(_replace(readme_text, TABLE, table), MEASURES, render_measures(summaries))
+    text = _replace(_replace(readme_text, TABLE, table), MEASURES, render_measures(summaries))
+    return render_families(text) if markers(FAMILIES)[0] in text else text  # the tests' small READMEs have none
+
+
+def render_families(readme_text: str) -> str:
+    """README text with the ``model families`` part rewritten from btlib.pretrained.coverage.coverage_table()."""
+    from btlib.pretrained.coverage import coverage_table
+
+    return _replace(readme_text, FAMILIES, coverage_table())
 
 
 def diff(old: str, new: str, name: str = "README.md") -> str:

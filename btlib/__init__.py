@@ -9,6 +9,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
     btlib.pack / unpack / lengths_to_cu_seqlens ...      the packed-token format
     btlib.PackedEncoder.from_module(encoder)             an nn.TransformerEncoder on packed tokens
     btlib.load_pretrained(folder).encode(texts)          BERT-family and ModernBERT checkpoints, padding-free
+    btlib.load_reranker(folder).rank(query, documents)   cross-encoders (*ForSequenceClassification), padding-free
     btlib.explain_fastpath(module, src, mask)            why PyTorch's fastpath does (not) run
     python -m btlib.bench list | run NAME                benchmarks
 """
@@ -22,7 +23,7 @@ from .lengths import PaddingStats, padding_stats, uniform_lengths, zipf_lengths
 from .memory import keep_freed_memory
 from .packed_encoder import PackedEncoder
 from .precision import PrecisionChoice, SlowPrecisionWarning, choose_precision
-from .pretrained import load_pretrained, to_hf_state_dict
+from .pretrained import load_pretrained, load_reranker, to_hf_state_dict
 from .nested import nested_to_packed, nested_to_padded, packed_to_nested, padded_to_nested
 from .padding import (
     Packed,
@@ -41,7 +42,8 @@ __all__ = [
     "choose_precision", "PrecisionChoice", "SlowPrecisionWarning",
     "attention", "varlen_attention", "reference_attention", "reference_varlen_attention",
     "PositionBias", "alibi_slopes", "relative_bucket_table",
-    "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder", "load_pretrained", "to_hf_state_dict",
+    "explain_fastpath", "FastpathReport", "ops_that_ran", "PackedEncoder", "load_pretrained", "load_reranker",
+    "to_hf_state_dict",
     "explain_sdpa", "SDPAReport", "run_forced", "ForcedRun", "sdpa_ops",
     "Packed", "pack", "unpack", "lengths_to_cu_seqlens", "cu_seqlens_to_lengths",
     "lengths_to_padding_mask", "padding_mask_to_lengths",

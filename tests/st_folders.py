@@ -33,13 +33,17 @@ def _randomise(model: torch.nn.Module) -> None:
             p.copy_(1 + 0.2 * torch.randn_like(p) if norm_weight else 0.1 * torch.randn_like(p))
 
 
-def write_hf(folder, arch="bert", tokenizer_class=None, seed=0, **config):
-    """A random tiny transformers model folder (2 layers, hidden 32) with a cased word-level tokenizer; returns folder."""
+def write_hf(folder, arch="bert", tokenizer_class=None, seed=0, model_cls=None, **config):
+    """A random tiny transformers model folder (2 layers, hidden 32) with a cased word-level tokenizer; returns folder.
+
+    arch: bert, roberta, xlm-roberta, distilbert, camembert or electra; config: fields over the defaults (hidden_size,
+    embedding_size, num_labels, ...); model_cls: the transformers class to save (default: the arch's base model,
+    e.g. tf.BertForSequenceClassification for a cross-encoder)."""
     _quiet()
     import transformers as tf
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    roberta = arch in ("roberta", "xlm-roberta")
+    roberta = arch in ("roberta", "xlm-roberta", "camembert")
     words = list(WORDS) + ["<pad>"] if roberta else list(WORDS)
     vocab = {w: i for i, w in enumerate(words)}
     pad = vocab["<pad>"] if roberta else 0
@@ -51,12 +55,14 @@ def write_hf(folder, arch="bert", tokenizer_class=None, seed=0, **config):
     if arch == "distilbert":
         cfg, cls = tf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common, **config), tf.DistilBertModel
     else:
-        cfg = {"bert": tf.BertConfig, "roberta": tf.RobertaConfig, "xlm-roberta": tf.XLMRobertaConfig}[arch](
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            type_vocab_size=2, **common, **config)
-        cls = {"bert": tf.BertModel, "roberta": tf.RobertaModel, "xlm-roberta": tf.XLMRobertaModel}[arch]
+        cfg = {"bert": tf.BertConfig, "roberta": tf.RobertaConfig, "xlm-roberta": tf.XLMRobertaConfig,
+               "camembert": tf.CamembertConfig, "electra": tf.ElectraConfig}[arch](
+            **{"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+               "type_vocab_size": 2, **common, **config})
+        cls = {"bert": tf.BertModel, "roberta": tf.RobertaModel, "xlm-roberta": tf.XLMRobertaModel,
+               "camembert": tf.CamembertModel, "electra": tf.ElectraModel}[arch]
     torch.manual_seed(seed)
-    hf = cls(cfg).eval()
+    hf = (model_cls or cls)(cfg).eval()
     _randomise(hf)
     hf.save_pretrained(folder)
     specials = {**SPECIAL, "pad_token": words[pad]}

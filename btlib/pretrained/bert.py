@@ -1,4 +1,4 @@
-"""The BERT family (BERT, RoBERTa, XLM-R, DistilBERT) on nn.TransformerEncoder, with a padding-free encode(); its loader.
+"""The BERT family (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA) on nn.TransformerEncoder, with a padding-free encode(); its loader.
 
     model = btlib.load_pretrained()                      # all-MiniLM-L6-v2, offline, sha256-checked
     emb = model.encode(["a sentence", "another"])        # (2, 384), mean-pooled, L2-normalised
@@ -55,21 +55,24 @@ def _activation(name: str):
 
 
 class Embeddings(nn.Module):
-    """word + position + token type embeddings, then LayerNorm."""
+    """word + position + token type embeddings, then LayerNorm; ELECTRA's then a linear projection to d_model."""
 
     def __init__(self, spec: CheckpointSpec):
         super().__init__()
-        self.word = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.position = nn.Embedding(spec.max_positions, spec.d_model)
-        self.token_type = nn.Embedding(spec.type_vocab_size, spec.d_model) if spec.type_vocab_size else None
-        self.norm = nn.LayerNorm(spec.d_model, eps=spec.layer_norm_eps)
+        e = spec.embedding_dim  # d_model, but for an ELECTRA whose embedding_size differs
+        self.word = nn.Embedding(spec.vocab_size, e)
+        self.position = nn.Embedding(spec.max_positions, e)
+        self.token_type = nn.Embedding(spec.type_vocab_size, e) if spec.type_vocab_size else None
+        self.norm = nn.LayerNorm(e, eps=spec.layer_norm_eps)
+        self.project = nn.Linear(e, spec.d_model) if e != spec.d_model else None  # ELECTRA's embeddings_project
 
     def forward(self, ids: Tensor, positions: Tensor, types: Tensor | None = None) -> Tensor:
         """ids, positions (rows of the position table), types (None: 0 everywhere): same shape, int64 -> (..., d)."""
-        x = self.word(ids) + self.position(positions)
+        x = self.word(ids) + self.position(positions)  # (..., e)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if types is None else self.token_type(types))
-        return self.norm(x)
+        x = self.norm(x)
+        return x if self.project is None else self.project(x)  # (..., e) -> (..., d)
 
 
 class PretrainedEncoder(SentenceEncoder, nn.Module):

@@ -1,4 +1,4 @@
-"""Hugging Face-format checkpoints (BERT, RoBERTa, XLM-R, DistilBERT) <-> nn.TransformerEncoder weights.
+"""Hugging Face-format checkpoints (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA) <-> nn.TransformerEncoder weights.
 
 A folder with ``config.json`` and ``model.safetensors`` is read with the ``safetensors`` package
 only (no transformers). Each Hugging Face layer maps onto one nn.TransformerEncoderLayer:
@@ -11,14 +11,17 @@ only (no transformers). Each Hugging Face layer maps onto one nn.TransformerEnco
     output.LayerNorm                  -> norm2
 
 DistilBERT names the same tensors q_lin/k_lin/v_lin, out_lin, sa_layer_norm, ffn.lin1/lin2 and
-output_layer_norm. Every tensor of the file is accounted for: mapped, or kept aside untouched
-(pooler, heads, buffers) so that :func:`to_hf_state_dict` gives the file back key for key, bit
-for bit. The whole file is checked against the config *before* anything is built.
+output_layer_norm. CamemBERT is RoBERTa's layout under its own model_type. ELECTRA (the discriminator,
+ElectraModel) is BERT's layers behind embeddings of width ``embedding_size``, with a linear
+``embeddings_project`` (embedding_size -> hidden_size) after their LayerNorm where the two differ.
+Every tensor of the file is accounted for: mapped, or kept aside untouched (pooler, heads, buffers)
+so that :func:`to_hf_state_dict` gives the file back key for key, bit for bit. The whole file is
+checked against the config *before* anything is built.
 
 config.json fields that change a model's outputs (transformers 5.23: BertConfig, RobertaConfig,
-XLMRobertaConfig, DistilBertConfig and their PreTrainedConfig base; older files may also carry
-``position_embedding_type``). btlib honours a field, refuses it by name (CheckpointError), or it
-cannot matter for inference. A field btlib does not know is ignored: the table is the list.
+XLMRobertaConfig, DistilBertConfig, CamembertConfig, ElectraConfig and their PreTrainedConfig base;
+older files may also carry ``position_embedding_type``). btlib honours a field, refuses it by name
+(CheckpointError), or it cannot matter for inference. A field btlib does not know is ignored: the table is the list.
 
     field                                          btlib
     hidden_size/dim, num_hidden_layers/n_layers,   honoured; every tensor's shape is checked against them
@@ -28,6 +31,8 @@ cannot matter for inference. A field btlib does not know is ignored: the table i
                                                    gelu_fast (tanh GELU); any other value is refused
     layer_norm_eps                                 honoured: a finite number >= 0, else refused (DistilBERT: fixed
                                                    1e-12, as in transformers)
+    embedding_size (ELECTRA)                       honoured: the embedding tables' width (default 128, as
+                                                   transformers); embeddings_project maps it to hidden_size
     type_vocab_size                                honoured: >= 1 (0 is refused: transformers cannot run it)
     pad_token_id                                   honoured: an id < vocab_size; padding id, and RoBERTa's positions
                                                    (transformers': cumsum of id != pad, + pad; a literal <pad> in a
@@ -37,6 +42,7 @@ cannot matter for inference. A field btlib does not know is ignored: the table i
     add_cross_attention, is_encoder_decoder        refused when true (a decoder / seq2seq model)
     pruned_heads                                   refused when non-empty (heads of unequal count per layer)
     chunk_size_feed_forward                        cannot matter: the FFN is per token, chunks compute the same
+    summary_* (ELECTRA)                            cannot matter: ElectraForMultipleChoice's head, not the encoder's
     sinusoidal_pos_embds (DistilBERT)              cannot matter: sinusoids only initialise the table; the
                                                    file holds the values used
     *dropout* (hidden, attention, classifier, qa,  cannot matter: inference runs without dropout
@@ -57,7 +63,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["CheckpointSpec", "read_spec", "read_state_dict", "verify_sha256", "layer_keys", "CheckpointError"]
+__all__ = ["MODEL_TYPES", "CheckpointSpec", "read_spec", "read_state_dict", "verify_sha256", "layer_keys", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -68,7 +74,7 @@ class CheckpointError(ValueError):
 class CheckpointSpec:
     """What btlib needs from config.json, normalised across the supported model types."""
 
-    model_type: str            # "bert", "roberta", "xlm-roberta", "distilbert"
+    model_type: str            # one of MODEL_TYPES
     num_layers: int
     d_model: int
     nhead: int
@@ -80,8 +86,16 @@ class CheckpointSpec:
     type_vocab_size: int       # 0 when the model has no token-type embeddings
     pad_token_id: int
     position_offset: int       # RoBERTa counts positions from pad_token_id + 1; BERT from 0
+    embedding_size: int = 0    # ELECTRA's embedding width when it differs from d_model (then projected); 0: d_model
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the embedding tables and their LayerNorm."""
+        return self.embedding_size or self.d_model
 
 
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra")
+ROBERTA_LAYOUT = ("roberta", "xlm-roberta", "camembert")  # positions from pad_token_id + 1, prefix "roberta."
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # what PretrainedEncoder builds
 
 
@@ -131,8 +145,8 @@ def read_spec(folder: Path) -> CheckpointSpec:
     unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
     c, cfg_path = read_config(folder)
     kind = c.get("model_type")
-    if kind not in ("bert", "roberta", "xlm-roberta", "distilbert"):
-        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads bert, roberta, xlm-roberta, distilbert "
+    if kind not in MODEL_TYPES:
+        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads {', '.join(MODEL_TYPES)} "
                               "and modernbert encoders")
 
     def need(key: str) -> int:
@@ -142,7 +156,7 @@ def read_spec(folder: Path) -> CheckpointSpec:
     if refused:
         raise CheckpointError(f"{cfg_path} describes a model btlib cannot reproduce exactly:\n  " + "\n  ".join(refused)
                               + "\nRun it with transformers instead")
-    roberta = kind in ("roberta", "xlm-roberta")
+    roberta = kind in ROBERTA_LAYOUT
     vocab, max_positions = need("vocab_size"), need("max_position_embeddings")
     pad = c.get("pad_token_id", 1 if roberta else 0)  # transformers' defaults
     if pad is None and not roberta:
@@ -162,9 +176,11 @@ def read_spec(folder: Path) -> CheckpointSpec:
         raise CheckpointError(f"{cfg_path}: layer_norm_eps must be a finite number >= 0 (e.g. 1e-12); got {eps!r}")
     # type_vocab_size 0 builds an empty token-type table that transformers 5.23 then indexes (index_select error)
     type_vocab = need_positive_int({"type_vocab_size": 2, **c}, "type_vocab_size", cfg_path, kind)
-    return CheckpointSpec(kind, need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads"),
+    d = need("hidden_size")
+    e = need_positive_int({"embedding_size": 128, **c}, "embedding_size", cfg_path, kind) if kind == "electra" else d
+    return CheckpointSpec(kind, need("num_hidden_layers"), d, need("num_attention_heads"),
                           need("intermediate_size"), c.get("hidden_act", "gelu"), float(eps), vocab, max_positions,
-                          type_vocab, pad, offset)
+                          type_vocab, pad, offset, 0 if e == d else e)
 
 
 def verify_sha256(path: Path, expected: str) -> None:
@@ -194,7 +210,7 @@ def read_state_dict(folder: Path) -> dict[str, Tensor]:
 
 
 def _prefix(sd: dict[str, Tensor], spec: CheckpointSpec) -> str:
-    base = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "distilbert": "distilbert."}[spec.model_type]
+    base = "roberta." if spec.model_type in ROBERTA_LAYOUT else f"{spec.model_type}."
     for p in ("", base):
         if f"{p}embeddings.word_embeddings.weight" in sd:
             return p
@@ -221,6 +237,8 @@ def layer_keys(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, s
         if spec.type_vocab_size:
             emb["token_type"] = f"{p}embeddings.token_type_embeddings.weight"
         emb["norm.weight"], emb["norm.bias"] = _ln(sd, f"{p}embeddings.LayerNorm")
+        if spec.embedding_size:  # ELECTRA: embedding_size -> hidden_size, after the embeddings' LayerNorm
+            emb["project.weight"], emb["project.bias"] = f"{p}embeddings_project.weight", f"{p}embeddings_project.bias"
         names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
                  "out_proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
                  "linear1": "intermediate.dense", "linear2": "output.dense", "norm2": "output.LayerNorm"}
@@ -238,11 +256,13 @@ def layer_keys(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, s
 def check_against_spec(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, str], list[dict[str, str]]]:
     """Every tensor btlib needs is present with the shape config.json implies; raise listing all problems."""
     emb, layers = layer_keys(sd, spec)
-    d, f = spec.d_model, spec.dim_feedforward
-    want = {emb["word"]: (spec.vocab_size, d), emb["position"]: (spec.max_positions, d),
-            emb["norm.weight"]: (d,), emb["norm.bias"]: (d,)}
+    d, f, e = spec.d_model, spec.dim_feedforward, spec.embedding_dim
+    want = {emb["word"]: (spec.vocab_size, e), emb["position"]: (spec.max_positions, e),
+            emb["norm.weight"]: (e,), emb["norm.bias"]: (e,)}
     if "token_type" in emb:
-        want[emb["token_type"]] = (spec.type_vocab_size, d)
+        want[emb["token_type"]] = (spec.type_vocab_size, e)
+    if "project.weight" in emb:
+        want[emb["project.weight"]], want[emb["project.bias"]] = (d, e), (d,)
     for keys in layers:
         for name, key in keys.items():
             want[key] = {"linear1.weight": (f, d), "linear1.bias": (f,), "linear2.weight": (d, f)}.get(
@@ -252,7 +272,8 @@ def check_against_spec(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dic
     if d % spec.nhead:
         problems.append(f"hidden size {d} is not divisible by {spec.nhead} heads")
     extra_layer = any(k.startswith(("encoder.layer.", "bert.encoder.layer.", "roberta.encoder.layer.", "transformer.layer.",
-                                     "distilbert.transformer.layer.")) and f".{spec.num_layers}." in k for k in sd)
+                                     "distilbert.transformer.layer.", "electra.encoder.layer."))
+                      and f".{spec.num_layers}." in k for k in sd)
     if extra_layer:
         problems.append(f"the file has more than the {spec.num_layers} layers config.json declares")
     if problems:

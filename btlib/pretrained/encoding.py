@@ -143,6 +143,18 @@ class SentenceEncoder(Prompts, HasHead):
         """The int8 twin that ``precision="int8"`` runs (where "int8" is in ``PRECISIONS``)."""
         raise NotImplementedError(f"{type(self).__name__} has no int8 twin")
 
+    def resolve_precision(self, precision: str | None, what: str) -> tuple[torch.dtype, nn.Module | None]:
+        """A checked precision -> (the dtype ``_forward_packed`` runs in, the int8 twin or None); the slow-precision
+        warnings once per ``what`` ("PretrainedEncoder.encode"), pointing at the caller of the method that called this
+        one (encode's caller, Reranker.predict's caller)."""
+        quantized = None
+        if precision == "int8":
+            warn_if_slow_int8(f"{what} in int8", stacklevel=4)
+            quantized, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
+        if precision == "bf16":
+            warn_if_slow_bf16(f"{what} in bf16", stacklevel=4)
+        return resolve_dtype(precision), quantized
+
     # -- the loop ----------------------------------------------------------------------------
     def encode(self, texts: Sequence[str | tuple[str, str]] | Sequence[Sequence[int]], *, batch_size: int = 64,
                path: str = "packed", precision: str | None = None, prompt_name: str | None = None,
@@ -176,13 +188,7 @@ class SentenceEncoder(Prompts, HasHead):
         prompt = self.resolve_prompt(prompt, prompt_name)
         prompt_length = self.prompt_length(prompt)
         items = self._prepare(texts, prompt)
-        quantized = None
-        if precision == "int8":  # the warnings are given here, so that their stacklevel names encode's caller
-            warn_if_slow_int8(f"{type(self).__name__}.encode in int8")
-            quantized, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
-        dtype = resolve_dtype(precision)
-        if precision == "bf16":
-            warn_if_slow_bf16(f"{type(self).__name__}.encode in bf16")
+        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode")
         out = []
         with torch.inference_mode():
             for i in range(0, len(items), batch_size):

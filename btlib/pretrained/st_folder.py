@@ -236,6 +236,6 @@ def passes_token_types(folder: Path, model_type: str) -> bool | None:
     if isinstance(cfg.get("model_input_names"), list):
         return "token_type_ids" in cfg["model_input_names"]
     cls = cfg.get("tokenizer_class")
-    if cls is None:  # AutoTokenizer then picks the model type's own tokenizer
-        return model_type == "bert"
+    if cls is None:  # AutoTokenizer then picks the model type's own tokenizer (ELECTRA's is BertTokenizer)
+        return model_type in ("bert", "electra")
     return _TOKEN_TYPES.get(cls.removesuffix("Fast")) if isinstance(cls, str) else None

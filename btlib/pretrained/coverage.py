@@ -1,0 +1,78 @@
+"""Which model families btlib loads, what each is checked against, how closely, at which precisions: one registry.
+
+    from btlib.pretrained import FAMILIES, coverage_table
+    print(coverage_table())          # the markdown table README.md carries (its "model families" block)
+
+:data:`FAMILIES` is the one list: a family added to btlib adds one :class:`Family` row here, README.md's
+table is regenerated from it (``python .ci/workbook.py readme``), and tests/test_coverage.py fails while
+README.md's block differs from :func:`coverage_table` or a row names a test file that does not exist.
+``fp32_tol`` is the bound the row's tests assert (max |btlib - reference| over the reference's max |value|),
+so the figure in the table is the one a test holds; the tests added with a row read it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Family", "FAMILIES", "family", "coverage_table"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row: name, what it loads (config.json's model_type or architectures), the outside reference(s) it is
+    compared with, the fp32 bound its tests assert, the precisions offered with how they are checked, the tests."""
+
+    name: str
+    loads: str
+    reference: str
+    fp32_tol: float
+    precisions: str
+    tests: tuple[str, ...]
+
+
+_BERT_LOW = ("fp32, bf16, int8; bf16: cosine > 0.999 to fp32, error <= 2x transformers' own bf16; int8: cosine >= 0.99 "
+             "(tiny random folders; all-MiniLM-L6-v2: cosine >= 0.995)")
+_ST = "SentenceTransformer.encode (pooled as the folder says)"
+
+FAMILIES: tuple[Family, ...] = (
+    Family("bert", 'model_type "bert"', f"BertModel last_hidden_state; {_ST}; pairs with token types", 1e-5, _BERT_LOW,
+           ("tests/test_fuzz_folders.py", "tests/test_pairs.py", "tests/test_pretrained.py", "tests/test_families.py",
+            "tests/test_pretrained_precision.py", "tests/test_int8.py")),
+    Family("roberta", 'model_type "roberta"', f"RobertaModel last_hidden_state; {_ST}; pairs", 1e-5, _BERT_LOW,
+           ("tests/test_fuzz_folders.py", "tests/test_pairs.py", "tests/test_pretrained.py", "tests/test_families.py")),
+    Family("xlm-roberta", 'model_type "xlm-roberta"', f"XLMRobertaModel last_hidden_state; {_ST}; pairs", 1e-5,
+           _BERT_LOW, ("tests/test_fuzz_folders.py", "tests/test_pairs.py", "tests/test_pretrained.py",
+                       "tests/test_families.py")),
+    Family("distilbert", 'model_type "distilbert"', "DistilBertModel last_hidden_state, mean-pooled; pairs", 1e-5,
+           _BERT_LOW, ("tests/test_pretrained.py", "tests/test_pairs.py", "tests/test_families.py")),
+    Family("camembert", 'model_type "camembert"', f"CamembertModel last_hidden_state; {_ST}; pairs", 1e-5, _BERT_LOW,
+           ("tests/test_families.py",)),
+    Family("electra", 'model_type "electra" (embedding_size = or != hidden_size)',
+           f"ElectraModel last_hidden_state; {_ST}; pairs with token types", 1e-5, _BERT_LOW, ("tests/test_families.py",)),
+    Family("modernbert", 'model_type "modernbert"', f"ModernBertModel last_hidden_state (eager, sdpa); {_ST}", 1e-5,
+           "fp32, bf16; bf16: cosine > 0.999, error <= 2x transformers' own bf16 (int8: not offered)",
+           ("tests/test_modernbert.py", "tests/test_fuzz_folders.py")),
+    Family("cross-encoder heads", "architectures Bert / Roberta / XLMRoberta / Camembert / Electra / "
+           "DistilBert ForSequenceClassification: btlib.load_reranker",
+           "*ForSequenceClassification logits (num_labels 1 and 3, truncated pairs); CrossEncoder.predict / rank", 1e-5,
+           "fp32, bf16, int8; bf16: error <= 2x transformers' own bf16 logits; int8: cosine >= 0.99 over the logits",
+           ("tests/test_reranker.py",)),
+)
+
+
+def family(name: str) -> Family:
+    """The row named ``name``; KeyError listing the names for any other."""
+    for f in FAMILIES:
+        if f.name == name:
+            return f
+    raise KeyError(f"no family {name!r}; btlib.pretrained.FAMILIES has {[f.name for f in FAMILIES]}")
+
+
+def coverage_table() -> str:
+    """FAMILIES as a markdown table (no trailing newline): the text between README.md's "model families" markers."""
+    rows = ["| family | loads | checked against | fp32 parity | precisions | tests |", "|---|---|---|---|---|---|"]
+    for f in FAMILIES:
+        tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in f.tests)
+        rows.append(f"| {f.name} | {f.loads} | {f.reference} | max abs diff <= {f.fp32_tol:g} x reference scale "
+                    f"| {f.precisions} | {tests} |")
+    return "\n".join(rows)

@@ -1,0 +1,37 @@
+"""btlib.pretrained.coverage: README.md's "model families" table is the registry's, and every row names real tests.
+
+The table is written by ``python .ci/workbook.py readme`` (workbook_readme.render_families); this test fails,
+with a diff, while README.md's block differs from coverage_table(), so a family added to FAMILIES without
+regenerating README.md (or a hand edit of the table) is caught.
+"""
+
+from pathlib import Path
+
+import pytest
+import workbook_readme as wr
+
+from btlib.pretrained import FAMILIES, coverage_table
+from btlib.pretrained.coverage import family
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_table_is_the_generated_one():
+    text = (ROOT / "README.md").read_text()
+    begin, end = wr.markers(wr.FAMILIES)
+    assert text.count(begin) == 1 and text.count(end) == 1, f"README.md must hold {begin!r} and {end!r} once each"
+    new = wr.render_families(text)
+    assert new == text, wr.diff(text, new) + "\nrun: python .ci/workbook.py readme"
+
+
+def test_every_row_is_complete_and_names_existing_tests():
+    names = [f.name for f in FAMILIES]
+    assert len(names) == len(set(names))
+    for f in FAMILIES:
+        assert f.loads and f.reference and f.precisions and 0 < f.fp32_tol <= 1e-3, f.name
+        missing = [t for t in f.tests if not (ROOT / t).is_file()]
+        assert f.tests and not missing, f"{f.name}: no such test file {missing}"
+    for name in ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "modernbert", "cross-encoder heads"):
+        assert f"| {name} |" in coverage_table()
+    with pytest.raises(KeyError, match="no family 'gpt2'"):
+        family("gpt2")
