@@ -83,7 +83,7 @@ def test_logits_match_transformers(tmp_path, head, num_labels):
     if num_labels > 1:
         assert torch.allclose(reranker.predict(PAIRS, activation="softmax"), logits.softmax(-1))
     else:
-        with pytest.raises(ValueError, match="softmax over one label"):
+        with pytest.raises(ValueError, match="'softmax' over one label"):
             reranker.predict(PAIRS, activation="softmax")
 
 
