@@ -118,9 +118,14 @@ def gemm_lines(env: dict[str, Any] | None = None) -> list[str]:
     shapes = {k[5:]: v for k, v in picks.items() if k.startswith("int8 ")}
     if shapes:  # btlib.quant takes the pick of the nearest measured weight shape (K x N), not the summed one above
         lines.append("  int8 per weight shape (what btlib.quant takes): " + "; ".join(
-            f"{shape} " + ", ".join(p if m is None and len(r) == 1 else f"{p} {'above' if m is None else f'<= {m}'}"
-                                    for m, p in r) for shape, r in shapes.items()))
+            f"{shape} {describe_ranges(r)}" for shape, r in shapes.items()))
     return lines
+
+
+def describe_ranges(ranges: list, unit: str = "") -> str:
+    """[[M_max | None, path], ...] (a gemm_pick entry) as text: "int_mm <= 362{unit}, onednn_int8 above"; one path alone."""
+    return ", ".join(p if m is None and len(ranges) == 1 else f"{p} {'above' if m is None else f'<= {m}{unit}'}"
+                     for m, p in ranges)
 
 
 def _picked(ranges: list | None, M: int) -> str | None:

@@ -37,6 +37,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from ..device import describe_ranges
 from ..memory import freed_memory_kept, keep_freed_memory
 from ..precision import bf16_slow_reason
 from . import pretrained, rt_openvino, runtimes
@@ -60,15 +61,13 @@ def gemm_path(env: dict, precision: str) -> str:
     if precision == "int8":
         rates = (env.get("gemm") or {}).get("int8") or {}
         best = max((r for by_M in rates.values() for r in by_M.values()), default=None)
-        where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
-                          for m, p in pick) if pick else "int_mm"
+        where = describe_ranges(pick, " tokens") if pick else "int_mm"
         per_shape = " per weight shape, overall" if any(k.startswith("int8 ") for k in env.get("gemm_pick") or {}) else ""
         return f"{where} (btlib.quant{per_shape})" + (f"; best {best:.0f} GOP/s" if best else "")
     rate = env.get(f"{precision}_gflops")
     if not pick:
         return "F.linear" + (f"; best {rate:.0f} GFLOP/s" if rate else "")
-    where = ", ".join(p if m is None and len(pick) == 1 else f"{p} {'above' if m is None else f'<= {m} tokens'}"
-                      for m, p in pick)
+    where = describe_ranges(pick, " tokens")
     return f"{where}; best {rate:.0f} GFLOP/s" if rate else where
 
 
