@@ -1,4 +1,4 @@
-"""NomicBERT and GTE folders (btlib.pretrained.rotary_bert): parity with transformers on packed tokens, config forms,
+"""NomicBERT and GTE folders (btlib.pretrained.architectures.rotary_bert): parity with transformers on packed tokens, config forms,
 NTK-scaled RoPE, bf16, the file's tensors back, bad folders.
 
 What the parity is against, and its limits. Both architectures are in transformers 5.23 itself (NomicBertModel,
@@ -36,7 +36,7 @@ from btlib.pretrained import CheckpointError, Pooling, RotaryBertEncoder
 from btlib.pretrained.reference import transformers_available
 
 # load_pretrained on a NomicBERT / GTE folder goes through load_rotary_bert.
-TESTED_HERE = ["btlib.pretrained.rotary_bert", "btlib.pretrained.rotary_bert_config"]
+TESTED_HERE = ["btlib.pretrained.architectures.rotary_bert", "btlib.pretrained.folders.rotary_bert_config"]
 
 pytestmark = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 

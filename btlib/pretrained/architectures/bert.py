@@ -28,16 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..observe import run_slow
-from ..models.encoder import dense_twin
-from ..packed_encoder import PackedEncoder
-from ..padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
-from ..precision import SlowPrecisionWarning
-from .checkpoint import CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
-from .encoding import PackedTokens, SentenceEncoder, pack_ids
-from .st_folder import FolderPlan, passes_token_types, special_ids
-from .st_folder import tokenizer as st_tokenizer
-from .st_modules import Pooling, SentenceHead
+from ...observe import run_slow
+from ...models.encoder import dense_twin
+from ...packed_encoder import PackedEncoder
+from ...padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
+from ...precision import SlowPrecisionWarning
+from ..folders.checkpoint import CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
+from ..encoding import PackedTokens, SentenceEncoder, pack_ids
+from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
+from ..folders.st_folder import tokenizer as st_tokenizer
+from ..st_modules import Pooling, SentenceHead
 
 __all__ = ["PretrainedEncoder", "PATHS", "Embeddings", "load_bert"]
 
@@ -150,7 +150,7 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
     def int8_encoder(self) -> PackedEncoder:
         """The int8 twin of :meth:`packed_encoder` (btlib.smoothquant.quantize_auto on its CALIBRATION_TEXTS); cached."""
         if self._int8 is None:
-            from ..smoothquant import CALIBRATION_TEXTS, quantize_auto
+            from ...smoothquant import CALIBRATION_TEXTS, quantize_auto
 
             with torch.inference_mode():
                 batch = self._packed_inputs(self.tokenize(CALIBRATION_TEXTS))
