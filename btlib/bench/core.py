@@ -35,6 +35,7 @@ import torch
 from ..device import describe_machine  # one source for the machine: btlib.device / btlib.hardware
 from ..hardware import int8_gemm_gflops
 from ..quick import quick_mode
+from .memory import peak_memory
 
 __all__ = ["Provider", "Benchmark", "run", "run_rounds", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare",
            "load_all"]
@@ -88,6 +89,9 @@ class Benchmark:
     (e.g. min_cos, the lowest cosine similarity of an embedding with its reference).
     summary(rows) -> str: another view of the rows that ``python -m btlib.bench run`` prints after the table
     (e.g. a pivot of engines x cells).
+    memory: each checked provider's row also gets ``peak_mib``, the peak tensor memory of one more call
+    (:func:`btlib.bench.peak_memory`: the profiler's replay on a CPU, the allocator's peak on CUDA), measured
+    after its check and before its timing.
     """
 
     name: str
@@ -106,6 +110,7 @@ class Benchmark:
     baseline: str | None = None
     metrics: Callable[[Any, Any, Any], dict] | None = None
     summary: Callable[[list[dict]], str] | None = None
+    memory: bool = False
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -226,6 +231,8 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                     elif not err <= (tol := bench.tol if pr.tol is None else pr.tol):
                         row.update(status="wrong", error=err, reason=f"error {err:.2e} > tol {tol:.0e}; not timed")
                     else:
+                        if bench.memory:
+                            row["peak_mib"] = peak_memory(lambda: pr.fn(pin), device) / 2**20
                         times = time_fn(lambda: pr.fn(pin), device=device, **timing)
                         med = statistics.median(times)
                         row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times),
