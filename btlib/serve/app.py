@@ -4,8 +4,15 @@ Routes (JSON unless said otherwise):
 
     POST /v1/embeddings   OpenAI: {"input": str | [str], "model": ..., "encoding_format": "float" | "base64"}
     POST /embed           TEI: {"inputs": str | [str], "normalize": true, "truncate": false} -> [[float, ...], ...]
+    POST /rerank          TEI: {"query": str, "texts": [str], "raw_scores": false, "return_text": false, "truncate": false}
+                          -> [{"index": i, "score": float, "text"?: str}, ...], highest score first
     GET  /health          200 {"status": "ok"}, never behind the API key (for load balancers)
     GET  /metrics         Prometheus text: requests, refusals, queue depth, batch tokens, latency quantiles
+
+A server holds one model: an embedding model answers the embedding routes, a cross-encoder
+(a :class:`btlib.serve.rerank.PairScorer` as the batcher's model) answers /rerank; the other routes
+answer 424 saying which server to start (TEI's status for "model is not a re-ranker model").
+/rerank's pairs go through the same batcher as texts do (btlib.serve.rerank says why).
 
 Errors: 401 without the API key (``Authorization: Bearer KEY``); 413 for more than ``max_inputs``
 inputs or an input past the model's length without truncation; 422 with a message naming the field
@@ -28,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .rerank import rank_scores
 from .extras import require
 from .stats import prometheus_text
 
@@ -55,6 +63,17 @@ class TEIEmbedRequest(BaseModel):
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool | None = None
+    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
+
+
+class TEIRerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
 
 
 class _HTTPError(Exception):
@@ -81,6 +100,9 @@ def _validation_message(exc: RequestValidationError) -> str:
 def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", api_key: str | None = None,
                max_inputs: int = 256, auto_truncate: bool = False) -> FastAPI:
     """The FastAPI app serving ``batcher``; closing the app (server shutdown) closes the batcher after answering.
+
+    batcher.model: an embedding model (/v1/embeddings, /embed) or a :class:`btlib.serve.rerank.PairScorer`
+    around a reranker (/rerank).
 
     model_name: reported in OpenAI responses (requests may name any model: one is served). api_key: if
     set, every route but /health needs ``Authorization: Bearer <api_key>``. max_inputs: inputs per
@@ -115,14 +137,32 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
                                        "authentication_error", {"WWW-Authenticate": "Bearer"})
         return await call_next(request)
 
-    async def embed(texts: list[str], truncate: bool):
-        if not texts:
-            raise _HTTPError(422, "input must not be empty", "invalid_request_error")
-        if len(texts) > max_inputs:
-            raise _HTTPError(413, f"{len(texts)} inputs exceed this server's limit of {max_inputs} per request; split the request",
-                             "invalid_request_error")
+    reranker = getattr(batcher.model, "scores_pairs", False)  # a PairScorer (or a wrapper forwarding its attributes)
+
+    def holds(kind: str) -> None:
+        """424 (TEI's status for a route the model does not serve) unless this server holds a ``kind`` model."""
+        if kind == "reranker" and not reranker:
+            raise _HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank start "
+                                  "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
+        if kind == "embedding" and reranker:
+            raise _HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs; "
+                                  "for embeddings start python -m btlib.serve with an embedding model folder", "backend")
+
+    def truncation(direction: str, truncate: bool | None) -> bool:
+        if direction.lower() != "right":
+            raise _HTTPError(422, "truncation_direction=left: this server truncates the end of a text only; "
+                                  "leave truncation_direction out (or shorten the text)", "Validation")
+        return auto_truncate if truncate is None else truncate
+
+    async def run(items: list, truncate: bool, field: str = "input", noun: str = "inputs"):
+        """Queue ``items`` (texts or pairs) on the batcher; (rows (len(items), d), tokens) once their batch ran."""
+        if not items:
+            raise _HTTPError(422, f"{field} must not be empty", "invalid_request_error")
+        if len(items) > max_inputs:
+            raise _HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {max_inputs} per request; "
+                                  "split the request", "invalid_request_error")
         try:
-            future = batcher.submit(texts, truncate=truncate)
+            future = batcher.submit(items, truncate=truncate)
         except Overloaded as e:
             raise _HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:
@@ -133,8 +173,9 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest):
+        holds("embedding")
         texts = [body.input] if isinstance(body.input, str) else body.input
-        emb, tokens = await embed(texts, auto_truncate)
+        emb, tokens = await run(texts, auto_truncate)
         if body.dimensions is not None and body.dimensions != emb.shape[1]:
             raise _HTTPError(422, f"dimensions={body.dimensions}: this model has {emb.shape[1]} (leave dimensions out)",
                              "invalid_request_error")
@@ -147,15 +188,25 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 
     @app.post("/embed")
     async def tei_embed(body: TEIEmbedRequest):
+        holds("embedding")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         normalized = batcher.model.pooling.normalize if hasattr(batcher.model, "pooling") else False
         if not body.normalize and normalized:
             raise _HTTPError(422, "normalize=false: this model's folder normalises its embeddings (modules.json); "
                                   "leave normalize out", "Validation")
-        emb, _ = await embed(texts, auto_truncate if body.truncate is None else body.truncate)
+        emb, _ = await run(texts, truncation(body.truncation_direction, body.truncate), "inputs")
         if body.normalize and not normalized:
             emb = emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12)
         return Response(json.dumps(emb.numpy().tolist()), media_type="application/json")
+
+    @app.post("/rerank")
+    async def tei_rerank(body: TEIRerankRequest):
+        holds("reranker")
+        truncate = truncation(body.truncation_direction, body.truncate)
+        logits, _ = await run([(body.query, t) for t in body.texts], truncate, "texts", "texts")  # (N, 1)
+        ranks = [{"index": i, "score": score, **({"text": body.texts[i]} if body.return_text else {})}
+                 for i, score in rank_scores(logits, body.raw_scores)]
+        return Response(json.dumps(ranks), media_type="application/json")
 
     @app.get("/health")
     async def health():

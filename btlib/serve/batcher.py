@@ -25,6 +25,10 @@ Scheduling (one worker thread; TEI's queue with infinity's short wait):
 - A bounded queue, ``max_queue`` texts: a request that does not fit is refused at once with
   :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound.
 
+The items are texts, or (query, text) pairs for a cross-encoder (:class:`btlib.serve.rerank.PairScorer`
+is a reranker's Encoder face): a pair costs its tokens like a text, so the same queue, budget and
+refusals serve /rerank without a second batcher.
+
 Answers are what ``model.encode`` gives for the texts of the batch they ran in: a batch's output is
 ``model.encode(all its texts)`` split by request, so a request run alone equals ``model.encode`` of
 it bit for bit. Whether a row also equals its own ``encode`` when batched with others is the BLAS's
@@ -67,18 +71,36 @@ class Encoder(Protocol):
     """What BatchEncoder needs: btlib's PretrainedEncoder and ModernBertEncoder are ones.
 
     tokenizer: a ``tokenizers.Tokenizer`` with truncation at ``max_length`` (counts tokens, finds overlong texts).
-    encode(texts, batch_size=, precision=) -> (len(texts), d) float32.
+    encode(texts, batch_size=, precision=) -> (len(texts), d) float32; texts are str, or (str, str) pairs
+    for a model that takes pairs (a PairScorer: d = 1, the logit).
     """
 
     tokenizer: object
     max_length: int
 
-    def encode(self, texts: Sequence[str], *, batch_size: int, precision: str | None) -> Tensor: ...
+    def encode(self, texts: Sequence[Item], *, batch_size: int, precision: str | None) -> Tensor: ...
+
+
+Item = str | tuple[str, str]  # a text, or a (query, text) pair
+
+
+def check_items(texts: object) -> list[Item]:
+    """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else."""
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise TypeError("texts must be a list of str (or of (str, str) pairs); wrap a single text in a list")
+    out = []
+    for i, t in enumerate(texts):
+        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            t = tuple(t)
+        elif not isinstance(t, str):
+            raise TypeError(f"texts must be a list of str (or of (str, str) pairs); texts[{i}] is {type(t).__name__} {t!r:.40}")
+        out.append(t)
+    return out
 
 
 @dataclass
 class _Request:
-    texts: list[str]
+    texts: list[Item]
     tokens: int
     arrival: float  # time.perf_counter() at submit
     future: Future
@@ -125,27 +147,27 @@ class BatchEncoder:
         self._worker.start()
 
     # -- callers -----------------------------------------------------------------------------
-    def count_tokens(self, texts: Sequence[str], *, truncate: bool = True) -> list[int]:
-        """Tokens per text as the model will see them; truncate=False raises InputTooLong for a text past ``max_length``."""
+    def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True) -> list[int]:
+        """Tokens per text (pair) as the model will see them; truncate=False raises InputTooLong for one past ``max_length``."""
         encodings = self.model.tokenizer.encode_batch(list(texts))
         if not truncate:
             long = [i for i, e in enumerate(encodings) if e.overflowing]
             if long:
-                raise InputTooLong(f"input {long[0]} has more than {self.model.max_length} tokens, the most this model takes "
+                what = "(query, text) pair" if isinstance(texts[long[0]], tuple) else "input"
+                raise InputTooLong(f"{what} {long[0]} has more than {self.model.max_length} tokens, the most this model takes "
                                    f"({len(long)} such inputs); shorten it or allow truncation")
         return [len(e.ids) for e in encodings]
 
-    def submit(self, texts: Sequence[str], *, truncate: bool = True) -> Future:
-        """Queue ``texts`` (a list of str); returns a Future of their (len(texts), d) float32 embeddings.
+    def submit(self, texts: Sequence[Item], *, truncate: bool = True) -> Future:
+        """Queue ``texts`` (a list of str, or of (str, str) pairs); returns a Future of their (len(texts), d) float32 rows.
 
         The future's ``tokens`` attribute is the request's token count (what OpenAI's API reports as usage).
 
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
-        (truncate=False and a text too long), TypeError for texts that are not a list of str,
+        (truncate=False and a text too long), TypeError for texts that are not a list of str or pairs,
         ValueError for more texts than ``max_queue``, RuntimeError after :meth:`close`.
         """
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be a list of str; wrap a single text in a list")
+        texts = check_items(texts)
         if len(texts) > self.max_queue:
             raise ValueError(f"{len(texts)} texts in one request exceed max_queue={self.max_queue}; split the request")
         future: Future = Future()
@@ -161,18 +183,18 @@ class BatchEncoder:
                 self.stats.refuse()
                 raise Overloaded(f"queue full: {self._queued_texts} texts waiting (max_queue={self.max_queue}); retry later",
                                  self._retry_after_s())
-            self._queue.append(_Request(list(texts), tokens, time.perf_counter(), future))
+            self._queue.append(_Request(texts, tokens, time.perf_counter(), future))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
             self.stats.accepted(len(texts))
             self._cond.notify()
         return future
 
-    def encode(self, texts: Sequence[str], *, timeout: float | None = None, truncate: bool = True) -> Tensor:
+    def encode(self, texts: Sequence[Item], *, timeout: float | None = None, truncate: bool = True) -> Tensor:
         """Blocking :meth:`submit`: the (len(texts), d) float32 embeddings."""
         return self.submit(texts, truncate=truncate).result(timeout)
 
-    async def aencode(self, texts: Sequence[str], *, truncate: bool = True) -> Tensor:
+    async def aencode(self, texts: Sequence[Item], *, truncate: bool = True) -> Tensor:
         """:meth:`submit` awaited from asyncio (the event loop keeps running while the batch computes)."""
         return await asyncio.wrap_future(self.submit(texts, truncate=truncate))
 

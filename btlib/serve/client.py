@@ -3,6 +3,7 @@
     with HttpEncoder("http://127.0.0.1:8080") as client:
         emb = client.encode(["hello"])                            # (1, d) float32
         r = run_load(client.submit, texts, rate=200, duration_s=5)   # btlib.serve.load, as for a BatchEncoder
+    HttpEncoder("http://127.0.0.1:8081").rerank("query", ["doc a", "doc b"])   # a reranker server: [(index, score)]
 
 ``submit`` posts one request and returns a ``concurrent.futures.Future`` of its embeddings; a 429 (the
 server's queue is full) fails the future with the same :class:`Overloaded` the in-process batcher raises,
@@ -116,15 +117,24 @@ class HttpEncoder:
         head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n" if method == "POST" else "\r\n"
         return await asyncio.wait_for(self._conns.request(head.encode("latin-1"), body), self.timeout_s)
 
-    async def _post(self, texts: list[str]) -> Tensor:
-        status, headers, data = await self._request("POST", "/v1/embeddings",
-                                                    json.dumps({"input": texts, "encoding_format": "base64"}).encode())
+    async def _post_json(self, path: str, body: dict):
+        """POST ``body`` to ``path``; the parsed answer, Overloaded on a 429, RuntimeError on another status."""
+        status, headers, data = await self._request("POST", path, json.dumps(body).encode())
         if status == 429:
-            raise Overloaded(json.loads(data)["error"]["message"], int(headers.get("retry-after", 1)))
+            error = json.loads(data)["error"]  # OpenAI's {"error": {"message"}} on /v1, TEI's {"error": str} elsewhere
+            raise Overloaded(error["message"] if isinstance(error, dict) else error, int(headers.get("retry-after", 1)))
         if status != 200:
-            raise RuntimeError(f"POST {self.url}/v1/embeddings answered {status}: {data[:300].decode(errors='replace')}")
-        rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in json.loads(data)["data"]]
+            raise RuntimeError(f"POST {self.url}{path} answered {status}: {data[:300].decode(errors='replace')}")
+        return json.loads(data)
+
+    async def _post(self, texts: list[str]) -> Tensor:
+        answer = await self._post_json("/v1/embeddings", {"input": texts, "encoding_format": "base64"})
+        rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in answer["data"]]
         return torch.from_numpy(np.stack(rows))  # (len(texts), d) float32
+
+    async def _rerank(self, query: str, texts: list[str], raw_scores: bool) -> list[tuple[int, float]]:
+        ranks = await self._post_json("/rerank", {"query": query, "texts": texts, "raw_scores": raw_scores})
+        return [(r["index"], r["score"]) for r in ranks]
 
     async def _get(self, path: str) -> int:
         return (await self._request("GET", path))[0]
@@ -155,6 +165,18 @@ class HttpEncoder:
     def encode(self, texts: Sequence[str], *, timeout: float | None = None) -> Tensor:
         """Blocking :meth:`submit`: the (len(texts), d) float32 embeddings."""
         return self.submit(texts).result(timeout)
+
+    def rerank(self, query: str, texts: Sequence[str], *, raw_scores: bool = False,
+               timeout: float | None = None) -> list[tuple[int, float]]:
+        """POST /rerank to a reranker server: (index into texts, score) for every text, highest first, as Reranker.rank.
+
+        raw_scores: the logits instead of their sigmoid (TEI's field). Raises Overloaded on a 429, RuntimeError
+        on another status (an embedding server answers /rerank with 424).
+        """
+        if not isinstance(query, str) or isinstance(texts, str) or not isinstance(texts, (list, tuple)) \
+                or not all(isinstance(t, str) for t in texts):
+            raise TypeError("rerank takes a str query and a list of str texts, e.g. rerank('query', ['doc a', 'doc b'])")
+        return self._track(self._rerank(query, list(texts), bool(raw_scores))).result(timeout)
 
     def get(self, path: str, *, timeout: float | None = None) -> int:
         """GET ``path`` through the same loop and connections; its status code."""
