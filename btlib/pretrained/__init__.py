@@ -4,6 +4,7 @@
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT / CamemBERT / ELECTRA folder
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
     model = load_pretrained("nomic-embed-text-v1.5")  # "nomic_bert", "new" (GTE v1.5) or "gte": a RotaryBertEncoder
+    model = load_pretrained("all-mpnet-base-v2")      # "mpnet": an MPNetEncoder (BERT's layers + relative positions)
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
@@ -17,7 +18,8 @@ The package by what each file owns:
                       modernbert_config.py (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's),
                       st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
     architectures/    the networks and their loaders: bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT,
-                      ELECTRA on nn.TransformerEncoder); modernbert_layers.py, modernbert_model.py and
+                      ELECTRA on nn.TransformerEncoder); mpnet.py (MPNet: bert.py's encoder plus its
+                      relative-position bias, which the varlen kernel adds); modernbert_layers.py, modernbert_model.py and
                       modernbert.py (its loader); rotary_bert.py (NomicBERT and GTE); reranker.py (cross-encoders:
                       a *ForSequenceClassification head on bert.py's encoder)
     st_modules.py     the heads: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
@@ -41,6 +43,7 @@ from .architectures.bert import PATHS, PretrainedEncoder, load_bert
 from .folders.checkpoint import CheckpointError
 from .coverage import FAMILIES, coverage_table
 from .architectures.modernbert_model import ModernBertEncoder
+from .architectures.mpnet import MPNetEncoder
 from .architectures.rotary_bert import RotaryBertEncoder
 from .folders.rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
 from .architectures.reranker import Reranker, load_reranker
@@ -48,7 +51,7 @@ from .folders.st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
+           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
            "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES", "coverage_table"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
@@ -82,7 +85,9 @@ def load_pretrained(folder: str | Path | None = None, *,
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.architectures.modernbert: packed
     tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
     :class:`RotaryBertEncoder` (btlib.pretrained.architectures.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta,
-    distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder). A cross-encoder folder
+    distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder); "mpnet" an
+    :class:`MPNetEncoder` (btlib.pretrained.architectures.mpnet: the same, plus MPNet's relative-position bias). A
+    JinaBERT folder is refused, saying why (remote code, no reference to check against). A cross-encoder folder
     (*ForSequenceClassification) loads here as its encoder, pooled as the folder says, as SentenceTransformer(folder)
     does; :func:`load_reranker` gives its scores. All have ``tokenize`` and
     ``encode(texts, batch_size=, path=, precision=)``.

@@ -32,6 +32,7 @@ from ...observe import run_slow
 from ...models.encoder import dense_twin
 from ...packed_encoder import PackedEncoder
 from ...padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
+from ...position_bias import PositionBias
 from ...precision import SlowPrecisionWarning
 from ..folders.checkpoint import CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
 from ..encoding import PackedTokens, SentenceEncoder, pack_ids
@@ -55,7 +56,10 @@ def _activation(name: str):
 
 
 class Embeddings(nn.Module):
-    """word + position + token type embeddings, then LayerNorm; ELECTRA's then a linear projection to d_model."""
+    """word + position + token type embeddings, then LayerNorm; ELECTRA's then a linear projection to d_model.
+
+    MPNet's relative-position table (buckets, H) is kept here as ``relative``, beside the absolute one: forward does
+    not use it; every layer's attention adds it (btlib.pretrained.architectures.mpnet)."""
 
     def __init__(self, spec: CheckpointSpec):
         super().__init__()
@@ -65,6 +69,7 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(spec.type_vocab_size, e) if spec.type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=spec.layer_norm_eps)
         self.project = nn.Linear(e, spec.d_model) if e != spec.d_model else None  # ELECTRA's embeddings_project
+        self.relative = nn.Embedding(spec.relative_buckets, spec.nhead) if spec.relative_buckets else None
 
     def forward(self, ids: Tensor, positions: Tensor, types: Tensor | None = None) -> Tensor:
         """ids, positions (rows of the position table), types (None: 0 everywhere): same shape, int64 -> (..., d)."""
@@ -144,8 +149,13 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         if dtype not in self._packed:
             with warnings.catch_warnings():  # encode() has said it already, naming itself
                 warnings.simplefilter("ignore", SlowPrecisionWarning)
-                self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
+                self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype,
+                                                                bias=self.position_bias())
         return self._packed[dtype]
+
+    def position_bias(self) -> PositionBias | None:
+        """The bias every layer's attention adds to its scores (MPNet's relative positions); None: BERT has none."""
+        return None
 
     def int8_encoder(self) -> PackedEncoder:
         """The int8 twin of :meth:`packed_encoder` (btlib.smoothquant.quantize_auto on its CALIBRATION_TEXTS); cached."""
@@ -181,9 +191,15 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         tt = None if types is None else torch.tensor([s + [0] * (T - len(s)) for s in types], dtype=torch.int64)
         x = self.embeddings(tokens, self.positions(tokens), tt)
         enc = self.encoder if path == "fastpath_nested" else dense_twin(self.encoder)
-        h = run_slow(enc, x, src_key_padding_mask=pad) if path == "slow" else enc(x, src_key_padding_mask=pad)  # (B, T, d)
+        masks = self._padded_masks(pad)
+        h = run_slow(enc, x, **masks) if path == "slow" else enc(x, **masks)  # (B, T, d)
         real = pack(h, lengths)
         return real.tokens, real.cu_seqlens
+
+    def _padded_masks(self, pad: Tensor) -> dict[str, Tensor]:
+        """nn.TransformerEncoder's mask arguments for a padded batch, pad (B, T) True at padding: the padding mask
+        (an architecture that adds a bias to the scores gives its own ``mask`` instead)."""
+        return {"src_key_padding_mask": pad}
 
 
 def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> PretrainedEncoder:
@@ -202,7 +218,10 @@ def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> Pretra
     head = plan.head(spec.d_model)
     tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
 
-    model = PretrainedEncoder(spec, tokenizer, max_length, head, prompts=plan.prompts,
+    cls = PretrainedEncoder
+    if spec.relative_buckets:  # MPNet: these layers plus the relative-position bias (its module imports this one)
+        from .mpnet import MPNetEncoder as cls
+    model = cls(spec, tokenizer, max_length, head, prompts=plan.prompts,
                               default_prompt_name=plan.default_prompt_name,
                               token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))
     mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}
