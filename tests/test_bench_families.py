@@ -54,7 +54,7 @@ def test_family_speed_quick():
     assert [(r["x"], r["provider"]) for r in rows] == [(f, p) for f in FAMILY_NAMES for p in ("transformers", "packed")]
     for r in rows:
         assert r["status"] == "ok" and r["error"] <= TOL, (r["x"], r["provider"], r.get("reason"), r.get("error"))
-        assert r["predicted"] > 1 and r["token_ratio"] > 1 and r["shape"] and r["attn"] == "sdpa", r
+        assert r["predicted"] > 1 and r["token_ratio"] > 1 and r["shape"] and r["attn"] == ("eager" if r["x"] == "mpnet" else "sdpa"), r  # transformers has no SDPA MPNet
     for f in FAMILY_NAMES:  # the two rows of a family: one prediction
         assert len({r["predicted"] for r in rows if r["x"] == f}) == 1
     assert len({r["token_ratio"] for r in rows}) == 1  # one corpus, one tokenizer, one batching for every family

@@ -1,9 +1,10 @@
 """Every model family btlib loads, packed against transformers on the workbook's corpus: ``family_speed``.
 
-x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, modernbert, nomic_bert, gte. For each, transformers
+x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, mpnet, modernbert, nomic_bert, gte. For each, transformers
 writes a random-weight folder into a temporary directory, at the shape of its config class's defaults, which are the
 family's base checkpoint: bert-base, roberta-base, xlm-roberta-base, camembert-base (12 x 768, FFN 3072), distilbert-base
-(6 x 768), electra-small-discriminator (12 x 256, FFN 1024, embeddings 128 projected up), ModernBERT-base (22 x 768,
+(6 x 768), mpnet-base (12 x 768, FFN 3072, 32 relative-position buckets added to every score: no FLOP counted
+for them), electra-small-discriminator (12 x 256, FFN 1024, embeddings 128 projected up), ModernBERT-base (22 x 768,
 GeGLU 1152, window 128 on 2 layers of 3), nomic-embed-text-v1.5 (12 x 768, SwiGLU 3072), gte-multilingual-base
 (12 x 768, GeGLU 3072). Two changes to every folder: vocab_size 30522 and the workbook's tokenizer (all-MiniLM-L6-v2's
 WordPiece, [PAD] = 0, pad_token_id 0), so that every family reads the same token ids; the vocabulary sizes only the
@@ -15,7 +16,7 @@ Both providers compute the same thing, the last hidden states of every real toke
 order, ``repeat`` times) tokenized once, in batches of ``batch_size`` (32) in arrival order; tokenizing and pooling are
 left out of both:
 
-    transformers   AutoModel.from_pretrained(folder) (its default attention: sdpa for all nine), each batch
+    transformers   AutoModel.from_pretrained(folder) (its default attention: sdpa, except MPNet, which transformers 5.23 runs eager only), each batch
                    right-padded to its longest text with its attention mask, inference_mode (the reference)
     packed         btlib.load_pretrained(folder): the same batches packed (ids + cu_seqlens), no padding anywhere
 
@@ -49,7 +50,8 @@ from .verdict import compare
 
 __all__ = ["FAMILY_NAMES", "Shape", "shape_of", "predict", "family_pair", "summary"]
 
-FAMILY_NAMES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "modernbert", "nomic_bert", "gte")
+FAMILY_NAMES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "mpnet", "modernbert", "nomic_bert",
+                "gte")
 GLU = ("modernbert", "nomic_bert", "gte")  # their FFN: up and gate (d -> d_ff each), then down
 VOCAB = 30522  # the workbook tokenizer's (all-MiniLM-L6-v2, BERT uncased WordPiece)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -70,7 +72,7 @@ def _config(family: str, size: str):
 
     cls = {"bert": tf.BertConfig, "roberta": tf.RobertaConfig, "xlm-roberta": tf.XLMRobertaConfig,
            "distilbert": tf.DistilBertConfig, "camembert": tf.CamembertConfig, "electra": tf.ElectraConfig,
-           "modernbert": tf.ModernBertConfig, "nomic_bert": tf.NomicBertConfig, "gte": tf.GteConfig}[family]
+           "mpnet": tf.MPNetConfig, "modernbert": tf.ModernBertConfig, "nomic_bert": tf.NomicBertConfig, "gte": tf.GteConfig}[family]
     if size not in ("base", "tiny"):
         raise ValueError(f"size must be 'base' or 'tiny'; got {size!r}")
     extra = _TINY_OF.get(family, _TINY) if size == "tiny" else {}
