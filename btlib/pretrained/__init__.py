@@ -120,6 +120,10 @@ def load_pretrained(folder: str | Path | None = None, *,
         from .architectures.rotary_bert import load_rotary_bert
 
         return load_rotary_bert(plan, expected_sha256=expected_sha256)
+    if not default and _model_type(plan.transformer_dir) == "mpnet":
+        from .architectures.mpnet import load_mpnet
+
+        return load_mpnet(plan, expected_sha256=expected_sha256)
     return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
 
 

@@ -34,7 +34,8 @@ from ...packed_encoder import PackedEncoder
 from ...padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
 from ...position_bias import PositionBias
 from ...precision import SlowPrecisionWarning
-from ..folders.checkpoint import CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
+from ..folders.checkpoint import (CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict,
+                                 verify_sha256)
 from ..encoding import PackedTokens, SentenceEncoder, pack_ids
 from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
 from ..folders.st_folder import tokenizer as st_tokenizer
@@ -202,12 +203,14 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         return {"src_key_padding_mask": pad}
 
 
-def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> PretrainedEncoder:
+def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
+              cls: type[PretrainedEncoder] = PretrainedEncoder) -> PretrainedEncoder:
     """The BERT-family Transformer of a read folder (plan.transformer_dir) as a :class:`PretrainedEncoder`.
 
     expected_sha256: model.safetensors' hash, checked first. Config, every tensor's shape and the tokenizer are
     checked before the module is built (CheckpointError saying what to fix); the tensors the encoder does not use
-    are kept aside, untouched, for btlib.to_hf_state_dict.
+    are kept aside, untouched, for btlib.to_hf_state_dict. cls: the class built (MPNet's loader passes
+    MPNetEncoder, this module's subclass that adds the relative-position bias).
     """
     src = plan.transformer_dir
     if expected_sha256:
@@ -218,9 +221,9 @@ def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> Pretra
     head = plan.head(spec.d_model)
     tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
 
-    cls = PretrainedEncoder
-    if spec.relative_buckets:  # MPNet: these layers plus the relative-position bias (its module imports this one)
-        from .mpnet import MPNetEncoder as cls
+    if bool(spec.relative_buckets) != bool(getattr(cls, "HAS_RELATIVE_BIAS", False)):
+        raise CheckpointError(f"{src}: a {spec.model_type} folder is loaded by btlib.load_pretrained, which picks the "
+                              f"encoder class for it; load_bert(cls={cls.__name__}) cannot add its relative positions")
     model = cls(spec, tokenizer, max_length, head, prompts=plan.prompts,
                               default_prompt_name=plan.default_prompt_name,
                               token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))

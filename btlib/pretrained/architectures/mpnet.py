@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from ...position_bias import PositionBias, relative_bucket_table
-from .bert import PretrainedEncoder
+from .bert import PretrainedEncoder, load_bert
 
-__all__ = ["MPNetEncoder", "NUM_BUCKETS", "MAX_DISTANCE"]
+__all__ = ["MPNetEncoder", "NUM_BUCKETS", "MAX_DISTANCE", "load_mpnet"]
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128  # MPNetEncoder.compute_position_bias / relative_position_bucket's, fixed there
 
@@ -50,6 +50,7 @@ class MPNetEncoder(PretrainedEncoder):
 
     PATHS = ("packed", "packed_bf16", "slow")
     WHO = "MPNet"
+    HAS_RELATIVE_BIAS = True  # load_bert builds this class only for a folder with relative buckets, and no other for one
 
     def position_bias(self) -> PositionBias:
         """bias(h, j - i) = relative[bucket(j - i), h] as a table over offsets -128 .. 128: values (H, 257) float32."""
@@ -74,3 +75,8 @@ class MPNetEncoder(PretrainedEncoder):
         low = torch.finfo(torch.float32).min
         mask = bias.unsqueeze(0) + torch.zeros(B, 1, 1, T).masked_fill(pad.view(B, 1, 1, T), low)
         return {"mask": mask.reshape(B * bias.shape[0], T, T)}  # (B, H, T, T) -> (B * H, T, T), batch-major
+
+
+def load_mpnet(plan, *, expected_sha256: str | None = None) -> MPNetEncoder:
+    """An MPNet folder (model_type "mpnet"): the BERT family's loader building an :class:`MPNetEncoder`."""
+    return load_bert(plan, expected_sha256=expected_sha256, cls=MPNetEncoder)
