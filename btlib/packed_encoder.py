@@ -115,14 +115,16 @@ def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
 # follows attributes of an object it reached through registry.get, not of one a constant function returned.
 @constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str,
-                   window: tuple[int, int] | None = None, bias_kind: str | None = None) -> str:
+                   window: tuple[int, int] | None = None, bias_kind: str | None = None, causal: bool = False) -> str:
     """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select);
     window: a local window some layer uses (the kernel must take one), or None; bias_kind: "alibi" or "table"
-    where the layers add a PositionBias of that kind (the kernel must take one), or None. Shared with ModernBERT."""
+    where the layers add a PositionBias of that kind (the kernel must take one), or None; causal: the layers mask
+    keys after the query (a decoder: Qwen3), so the kernel must have a causal mask. Shared with ModernBERT,
+    NomicBERT / GTE and Qwen3."""
     bias = None
     if bias_kind is not None:  # a stand-in of the kind: the registry asks whether a kernel takes one, not its values
         bias = PositionBias.alibi(torch.zeros(H)) if bias_kind == "alibi" else PositionBias.table(torch.zeros(H, 1), 0)
-    return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), False, backend,
+    return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), causal, backend,
                            needs_grad=needs_grad, window=window, bias=bias).name
 
 

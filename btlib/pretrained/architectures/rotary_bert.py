@@ -41,11 +41,11 @@ from ...precision import PRECISIONS, check_precision, resolve_dtype
 from ..folders.checkpoint import CheckpointError, read_config, read_state_dict, verify_sha256
 from ..encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
 from .modernbert_layers import _residual, activation, apply_rope, rope_tables
-from ..folders.rotary_bert_config import RotaryBertSpec, spec_from_config, tensor_plan
+from ..folders.rotary_bert_config import Piece, RotaryBertSpec, spec_from_config, tensor_plan
 from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
 from ..folders.st_folder import tokenizer as st_tokenizer
 
-__all__ = ["RotaryBertEncoder", "load_rotary_bert"]
+__all__ = ["RotaryBertEncoder", "load_rotary_bert", "load_pieces", "file_state_dict"]
 
 
 class _Embeddings(nn.Module):
@@ -193,18 +193,39 @@ class RotaryBertEncoder(SentenceEncoder, nn.Module):
     def hf_state_dict(self) -> dict[str, Tensor]:
         """The checkpoint's state dict from the current weights, in the file's key order and dtypes (the fused
         Wqkv and Wi split back into the file's pieces)."""
-        info, params = self._hf, dict(self.named_parameters())
-        out: dict[str, Tensor] = dict(info["unused"])
-        parts: dict[str, list[tuple[int, Tensor]]] = {}
-        for ours, pieces in info["plan"].items():
-            offset = 0
-            for key, rows in pieces:
-                n = info["shapes"][key][0] if rows is None else rows.stop - rows.start
-                parts.setdefault(key, []).append((0 if rows is None else rows.start, params[ours].detach()[offset:offset + n]))
-                offset += n
-        for key, got in parts.items():
-            out[key] = torch.cat([t for _, t in sorted(got, key=lambda p: p[0])])
-        return {k: out[k].to(info["dtypes"][k]).contiguous() for k in info["order"]}
+        return file_state_dict(self)
+
+
+def load_pieces(model: nn.Module, sd: dict[str, Tensor], pieces: dict[str, list[Piece]]) -> None:
+    """Copy the file's tensors into ``model``'s parameters by a tensor plan (our name -> the file's (key, rows)
+    pieces, concatenated along dim 0), and keep in ``model._hf`` what :func:`file_state_dict` needs to give the file
+    back: key order, dtypes, the plan, and the tensors the model does not use, untouched. Shared with Qwen3."""
+    own = dict(model.named_parameters())
+    if set(own) != set(pieces):
+        raise CheckpointError(f"btlib's parameters and the file's plan differ: {sorted(set(own) ^ set(pieces))}")
+    with torch.no_grad():
+        for ours, parts in pieces.items():
+            own[ours].copy_(torch.cat([sd[k] if rows is None else sd[k][rows] for k, rows in parts]))
+    used = {k for parts in pieces.values() for k, _ in parts}
+    model._hf = {"order": list(sd), "dtypes": {k: v.dtype for k, v in sd.items()}, "plan": pieces,
+                 "shapes": {k: tuple(sd[k].shape) for k in used}, "unused": {k: v for k, v in sd.items() if k not in used}}
+
+
+def file_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The checkpoint's state dict from ``model``'s current weights (loaded by :func:`load_pieces`), in the file's key
+    order and dtypes: each fused parameter split back into the file's pieces."""
+    info, params = model._hf, dict(model.named_parameters())
+    out: dict[str, Tensor] = dict(info["unused"])
+    parts: dict[str, list[tuple[int, Tensor]]] = {}
+    for ours, pieces in info["plan"].items():
+        offset = 0
+        for key, rows in pieces:
+            n = info["shapes"][key][0] if rows is None else rows.stop - rows.start
+            parts.setdefault(key, []).append((0 if rows is None else rows.start, params[ours].detach()[offset:offset + n]))
+            offset += n
+    for key, got in parts.items():
+        out[key] = torch.cat([t for _, t in sorted(got, key=lambda p: p[0])])
+    return {k: out[k].to(info["dtypes"][k]).contiguous() for k in info["order"]}
 
 
 def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> RotaryBertEncoder:
@@ -225,13 +246,5 @@ def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) ->
     model = RotaryBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model),
                               token_types=passes_token_types(src, "bert" if spec.family == "nomic_bert" else "gte"))
     model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(src, tokenizer))
-    own = dict(model.named_parameters())
-    if set(own) != set(pieces):
-        raise CheckpointError(f"btlib's parameters and the file's plan differ: {sorted(set(own) ^ set(pieces))}")
-    with torch.no_grad():
-        for ours, parts in pieces.items():
-            own[ours].copy_(torch.cat([sd[k] if rows is None else sd[k][rows] for k, rows in parts]))
-    used = {k for parts in pieces.values() for k, _ in parts}
-    model._hf = {"order": list(sd), "dtypes": {k: v.dtype for k, v in sd.items()}, "plan": pieces,
-                 "shapes": {k: tuple(sd[k].shape) for k in used}, "unused": {k: v for k, v in sd.items() if k not in used}}
+    load_pieces(model, sd, pieces)
     return model

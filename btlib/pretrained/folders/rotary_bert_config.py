@@ -148,9 +148,10 @@ def _nomic_published(c: dict, where: str, refused: list[str]) -> dict:
     return out
 
 
-def _rope_native(c: dict, family: str, refused: list[str]) -> float:
+def rope_native(c: dict, default_theta: float, refused: list[str]) -> float:
     """rope_theta as transformers 5.23 resolves it: rope_parameters (rope_type "default"), else a top-level
-    rope_theta, else the class default; rope_scaling, the older form, must not ask for a scaled RoPE."""
+    rope_theta, else the class default ``default_theta``; rope_scaling, the older form, must not ask for a scaled
+    RoPE. Shared with Qwen3 (btlib.pretrained.folders.qwen3_config)."""
     params = c.get("rope_parameters") or {}
     legacy = c.get("rope_scaling")
     if not isinstance(params, dict):
@@ -160,7 +161,7 @@ def _rope_native(c: dict, family: str, refused: list[str]) -> float:
         if not isinstance(p, dict) or p.get("rope_type", p.get("type", "default")) != "default":
             refused.append(f"{name}={p!r} (btlib implements rope_type 'default' in transformers' form; the remote "
                            "code's 'ntk' is read from a GTE config without rope_parameters)")
-    theta = params.get("rope_theta", c.get("rope_theta", _ROPE_DEFAULTS[family]))
+    theta = params.get("rope_theta", c.get("rope_theta", default_theta))
     if not _is_positive_number(theta):
         refused.append(f"rope_theta={theta!r} (the RoPE base must be a positive number)")
     return theta
@@ -211,7 +212,7 @@ def spec_from_config(c: dict, where: str = "config.json") -> RotaryBertSpec:
         if family == "gte" and "rope_parameters" not in c:  # "new", or "gte" with the remote code's fields
             f["rope_theta"], f["ntk_factor"] = _gte_published_rope(c, refused)
         else:
-            f["rope_theta"], f["ntk_factor"] = _rope_native(c, family, refused), 1.0
+            f["rope_theta"], f["ntk_factor"] = rope_native(c, _ROPE_DEFAULTS[family], refused), 1.0
         head_dim = c.get("head_dim")
         if head_dim is not None and (f["d_model"] % f["nhead"] or head_dim != f["d_model"] // f["nhead"]):
             refused.append(f"head_dim={head_dim!r} (btlib needs head_dim = hidden_size / num_attention_heads)")
