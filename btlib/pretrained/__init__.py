@@ -5,6 +5,7 @@
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
     model = load_pretrained("nomic-embed-text-v1.5")  # "nomic_bert", "new" (GTE v1.5) or "gte": a RotaryBertEncoder
     model = load_pretrained("all-mpnet-base-v2")      # "mpnet": an MPNetEncoder (BERT's layers + relative positions)
+    model = load_pretrained("Qwen3-Embedding-0.6B")   # "qwen3": a Qwen3Encoder (a causal decoder, last-token pooled)
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
@@ -16,12 +17,14 @@ The package by what each file owns:
 
     folders/          reading a folder: checkpoint.py (the BERT family's config.json and model.safetensors),
                       modernbert_config.py (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's),
+                      qwen3_config.py (Qwen3's),
                       st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
     architectures/    the networks and their loaders: bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT,
                       ELECTRA on nn.TransformerEncoder); mpnet.py (MPNet: bert.py's encoder plus its
                       relative-position bias, which the varlen kernel adds); modernbert_layers.py, modernbert_model.py and
-                      modernbert.py (its loader); rotary_bert.py (NomicBERT and GTE); reranker.py (cross-encoders:
-                      a *ForSequenceClassification head on bert.py's encoder)
+                      modernbert.py (its loader); rotary_bert.py (NomicBERT and GTE); qwen3.py (Qwen3-Embedding: causal
+                      GQA decoder layers on the same RoPE); reranker.py (cross-encoders: a *ForSequenceClassification
+                      head on bert.py's encoder)
     st_modules.py     the heads: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
     encoding.py       the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
     coverage.py       the registry of families: what each is checked against, how closely, at which precisions
@@ -44,6 +47,7 @@ from .folders.checkpoint import CheckpointError
 from .coverage import FAMILIES, coverage_table
 from .architectures.modernbert_model import ModernBertEncoder
 from .architectures.mpnet import MPNetEncoder
+from .architectures.qwen3 import Qwen3Encoder, instruct
 from .architectures.rotary_bert import RotaryBertEncoder
 from .folders.rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
 from .architectures.reranker import Reranker, load_reranker
@@ -51,7 +55,7 @@ from .folders.st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
+           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Qwen3Encoder", "instruct", "Pooling", "SentenceHead", "PoolingModule",
            "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES", "coverage_table"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
@@ -79,14 +83,16 @@ def _model_type(folder: Path) -> object:
 
 
 def load_pretrained(folder: str | Path | None = None, *,
-                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder:
+                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder | Qwen3Encoder:
     """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
 
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.architectures.modernbert: packed
     tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
     :class:`RotaryBertEncoder` (btlib.pretrained.architectures.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta,
     distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder); "mpnet" an
-    :class:`MPNetEncoder` (btlib.pretrained.architectures.mpnet: the same, plus MPNet's relative-position bias). A
+    :class:`MPNetEncoder` (btlib.pretrained.architectures.mpnet: the same, plus MPNet's relative-position bias); "qwen3"
+    a :class:`Qwen3Encoder` (btlib.pretrained.architectures.qwen3: Qwen3-Embedding's causal decoder; queries take
+    ``prompt=instruct(task)``). A
     JinaBERT folder is refused, saying why (remote code, no reference to check against). A cross-encoder folder
     (*ForSequenceClassification) loads here as its encoder, pooled as the folder says, as SentenceTransformer(folder)
     does; :func:`load_reranker` gives its scores. All have ``tokenize`` and
@@ -124,16 +130,20 @@ def load_pretrained(folder: str | Path | None = None, *,
         from .architectures.mpnet import load_mpnet
 
         return load_mpnet(plan, expected_sha256=expected_sha256)
+    if not default and _model_type(plan.transformer_dir) == "qwen3":
+        from .architectures.qwen3 import load_qwen3
+
+        return load_qwen3(plan, expected_sha256=expected_sha256)
     return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
 
 
-def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder) -> dict[str, Tensor]:
+def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder | Qwen3Encoder) -> dict[str, Tensor]:
     """The checkpoint's state dict from the model's current weights, in the file's key order and dtypes.
 
     For a freshly loaded model this equals the file key for key and bit for bit; after fine-tuning
     it is a file Hugging Face tools load.
     """
-    if isinstance(model, RotaryBertEncoder):
+    if isinstance(model, (RotaryBertEncoder, Qwen3Encoder)):
         return model.hf_state_dict()
     info = model._hf
     params = dict(model.named_parameters())
