@@ -39,6 +39,15 @@ def test_predict_counts_the_glu_matrix_and_the_window():
     assert win["padded"] == ((8 * 64 + 4 * 8 * 32) * 4 + 4 * 8 * 16) * 3
 
 
+def test_predict_counts_a_decoders_attention_width_and_causal_pairs():
+    L = torch.tensor([4])
+    # q 16 wide, k and v 8 wide (GQA), SwiGLU: 2 8 (16 + 16) + 2 8 16 + 6 8 32 = 2304 per token; causal 10 pairs of 16
+    dec = predict(L, 1, Shape(layers=1, d=8, d_ff=32, glu=True, attn=16, kv=8, causal=True))
+    assert dec["packed"] == 2304 * 4 + 4 * 16 * 10 and dec["padded"] == 2304 * 4 + 4 * 16 * 16
+    assert str(Shape(layers=1, d=8, d_ff=32, glu=True, attn=16, kv=8, causal=True)) == \
+        "1 x 8, attention 16 (k, v 8), causal, GLU FFN 32"
+
+
 def test_every_family_of_the_registry_has_a_row_at_its_bound():
     loaded = {f.name: f for f in FAMILIES if f.name != "cross-encoder heads"}
     missing = set(loaded) - set(FAMILY_NAMES)

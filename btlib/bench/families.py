@@ -1,16 +1,19 @@
 """Every model family btlib loads, packed against transformers on the workbook's corpus: ``family_speed``.
 
-x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, mpnet, modernbert, nomic_bert, gte. For each, transformers
+x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, mpnet, modernbert, nomic_bert, gte, qwen3. For each, transformers
 writes a random-weight folder into a temporary directory, at the shape of its config class's defaults, which are the
 family's base checkpoint: bert-base, roberta-base, xlm-roberta-base, camembert-base (12 x 768, FFN 3072), distilbert-base
 (6 x 768), mpnet-base (12 x 768, FFN 3072, 32 relative-position buckets added to every score: no FLOP counted
 for them), electra-small-discriminator (12 x 256, FFN 1024, embeddings 128 projected up), ModernBERT-base (22 x 768,
 GeGLU 1152, window 128 on 2 layers of 3), nomic-embed-text-v1.5 (12 x 768, SwiGLU 3072), gte-multilingual-base
-(12 x 768, GeGLU 3072). Two changes to every folder: vocab_size 30522 and the workbook's tokenizer (all-MiniLM-L6-v2's
+(12 x 768, GeGLU 3072), and Qwen3 at Qwen3-Embedding-0.6B's shape, not Qwen3Config's defaults (Qwen3-8B's): 28 x
+1024, 16 query heads and 8 key / value heads of 128, SwiGLU 3072, causal. Two changes to every folder: vocab_size 30522 and the workbook's tokenizer (all-MiniLM-L6-v2's
 WordPiece, [PAD] = 0, pad_token_id 0), so that every family reads the same token ids; the vocabulary sizes only the
 embedding table, no encoder FLOP. Weights are transformers' own initialisation (random: fine for speed; parity on
-weights that stress every term is tests/test_families.py's, test_modernbert.py's and test_rotary_bert.py's).
-Quick sizes: the same families at d 64, 2 layers (ModernBERT 3: one global, two local).
+weights that stress every term is tests/test_families.py's, test_modernbert.py's, test_rotary_bert.py's and
+test_qwen3.py's).
+Quick sizes: the same families at d 64, 2 layers (ModernBERT 3: one global, two local; Qwen3 4 heads, 2 key / value
+heads of 16).
 
 Both providers compute the same thing, the last hidden states of every real token, on the workbook's sentences (file
 order, ``repeat`` times) tokenized once, in batches of ``batch_size`` (32) in arrival order; tokenizing and pooling are
@@ -25,8 +28,11 @@ the fp32 bound btlib.pretrained.coverage holds every family to.
 
 Every row carries the FLOP prediction (``predicted``: encoder FLOPs padded / packed, :func:`predict`), notebook 07's
 formula per layer: linear layers 8 d^2 + 4 d d_ff per token, attention 4 d per (query, key) pair. Where it differs:
-a GLU FFN (ModernBERT, NomicBERT, GTE) has three d x d_ff matrices, 8 d^2 + 6 d d_ff; ModernBERT's local layers count,
-packed, only the pairs inside the window (btlib skips the rest), padded all T^2 (transformers' window is a dense mask).
+a GLU FFN (ModernBERT, NomicBERT, GTE, Qwen3) has three d x d_ff matrices, 8 d^2 + 6 d d_ff; ModernBERT's local layers
+count, packed, only the pairs inside the window (btlib skips the rest), padded all T^2 (transformers' window is a dense
+mask). Qwen3's attention is H Dh wide with Hkv Dh-wide keys and values: 2 d (H + 2 Hkv) Dh + 2 d H Dh for q, k, v, o, and
+4 H Dh per pair; causal, so packed counts the pairs j <= i (btlib's kernel skips the tiles above the diagonal), padded
+all T^2 (transformers' causal and padding mask is one dense mask).
 Not counted, on either side: embeddings, ELECTRA's projection (2 x 128 x 256 per token, < 1% of its layers), the
 pooler that transformers' BERT-style models run on each [CLS] (B d^2 per batch).
 """
@@ -51,8 +57,8 @@ from .verdict import compare
 __all__ = ["FAMILY_NAMES", "Shape", "shape_of", "predict", "family_pair", "summary"]
 
 FAMILY_NAMES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "mpnet", "modernbert", "nomic_bert",
-                "gte")
-GLU = ("modernbert", "nomic_bert", "gte")  # their FFN: up and gate (d -> d_ff each), then down
+                "gte", "qwen3")
+GLU = ("modernbert", "nomic_bert", "gte", "qwen3")  # their FFN: up and gate (d -> d_ff each), then down
 VOCAB = 30522  # the workbook tokenizer's (all-MiniLM-L6-v2, BERT uncased WordPiece)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 TOL = 1e-5  # btlib.pretrained.coverage's fp32 bound, the same for every family (tests/test_bench_families.py holds it)
@@ -63,7 +69,10 @@ _MODERNBERT_IDS = {"bos_token_id": 101, "cls_token_id": 101, "eos_token_id": 102
 _TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
 _TINY_OF = {"distilbert": {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128},
             "electra": {**_TINY, "embedding_size": 32},  # keeps the projection
-            "modernbert": {**_TINY, "num_hidden_layers": 3, "intermediate_size": 96}}
+            "modernbert": {**_TINY, "num_hidden_layers": 3, "intermediate_size": 96},
+            "qwen3": {**_TINY, "num_key_value_heads": 2, "head_dim": 16}}
+_BASE_OF = {"qwen3": {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                      "head_dim": 128, "intermediate_size": 3072}}  # Qwen3-Embedding-0.6B's config.json
 
 
 def _config(family: str, size: str):
@@ -72,17 +81,19 @@ def _config(family: str, size: str):
 
     cls = {"bert": tf.BertConfig, "roberta": tf.RobertaConfig, "xlm-roberta": tf.XLMRobertaConfig,
            "distilbert": tf.DistilBertConfig, "camembert": tf.CamembertConfig, "electra": tf.ElectraConfig,
-           "mpnet": tf.MPNetConfig, "modernbert": tf.ModernBertConfig, "nomic_bert": tf.NomicBertConfig, "gte": tf.GteConfig}[family]
+           "mpnet": tf.MPNetConfig, "modernbert": tf.ModernBertConfig, "nomic_bert": tf.NomicBertConfig, "gte": tf.GteConfig,
+           "qwen3": tf.Qwen3Config}[family]
     if size not in ("base", "tiny"):
         raise ValueError(f"size must be 'base' or 'tiny'; got {size!r}")
-    extra = _TINY_OF.get(family, _TINY) if size == "tiny" else {}
+    extra = _TINY_OF.get(family, _TINY) if size == "tiny" else _BASE_OF.get(family, {})
     return cls(**_IDS, **(_MODERNBERT_IDS if family == "modernbert" else {}), **extra)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What the FLOP count needs: layers, d, d_ff, a GLU FFN or not, and ModernBERT's sliding window
-    (half-widths, on ``local_layers`` of the ``layers``; None: every layer global)."""
+    """What the FLOP count needs: layers, d, d_ff, a GLU FFN or not, ModernBERT's sliding window
+    (half-widths, on ``local_layers`` of the ``layers``; None: every layer global), and for a decoder (Qwen3) the
+    attention's width H Dh and the keys' and values' Hkv Dh (None: d, as in BERT) and its causal mask."""
 
     layers: int
     d: int
@@ -90,10 +101,14 @@ class Shape:
     glu: bool = False
     window: tuple[int, int] | None = None
     local_layers: int = 0
+    attn: int | None = None
+    kv: int | None = None
+    causal: bool = False
 
     def __str__(self) -> str:
         local = f", window {sum(self.window)} on {self.local_layers}" if self.window else ""
-        return f"{self.layers} x {self.d}, {'GLU ' if self.glu else ''}FFN {self.d_ff}{local}"
+        gqa = f", attention {self.attn} (k, v {self.kv})" if self.attn is not None else ""
+        return f"{self.layers} x {self.d}{gqa}{', causal' if self.causal else ''}, {'GLU ' if self.glu else ''}FFN {self.d_ff}{local}"
 
 
 def shape_of(config) -> Shape:
@@ -104,13 +119,19 @@ def shape_of(config) -> Shape:
     if config.model_type == "modernbert":
         window = (config.local_attention // 2,) * 2
         local = sum(t == "sliding_attention" for t in config.layer_types)
+    if config.model_type == "qwen3":
+        return Shape(config.num_hidden_layers, config.hidden_size, config.intermediate_size, True,
+                     attn=config.num_attention_heads * config.head_dim,
+                     kv=config.num_key_value_heads * config.head_dim, causal=True)
     return Shape(config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.model_type in GLU,
                  window, local)
 
 
 def _lin(s: Shape) -> int:
-    """Linear-layer FLOPs per token and layer: QKV 6 d^2, output 2 d^2, FFN 2 (or, GLU, 3) d x d_ff matrices."""
-    return 8 * s.d**2 + (6 if s.glu else 4) * s.d * s.d_ff
+    """Linear-layer FLOPs per token and layer: QKV 6 d^2, output 2 d^2 (a decoder: 2 d (A + 2 Akv) + 2 d A, A = H Dh,
+    Akv = Hkv Dh), FFN 2 (or, GLU, 3) d x d_ff matrices."""
+    A, Akv = (s.d, s.d) if s.attn is None else (s.attn, s.kv)
+    return 2 * s.d * (A + 2 * Akv) + 2 * s.d * A + (6 if s.glu else 4) * s.d * s.d_ff
 
 
 def predict(lengths: torch.Tensor, batch_size: int, shape: Shape) -> dict:
@@ -122,13 +143,14 @@ def predict(lengths: torch.Tensor, batch_size: int, shape: Shape) -> dict:
     """
     batches = lengths.long().split(batch_size)
     real_tok, padded_tok = int(lengths.sum()), sum(len(b) * int(b.max()) for b in batches)
-    full = int((lengths.long() ** 2).sum())
+    full = attention_pairs(lengths, causal=True) if shape.causal else int((lengths.long() ** 2).sum())
     padded_pairs = sum(len(b) * int(b.max()) ** 2 for b in batches)
     packed_pairs = full * (shape.layers - shape.local_layers)
     if shape.window:
         packed_pairs += attention_pairs(lengths, window=shape.window) * shape.local_layers
-    packed = _lin(shape) * real_tok * shape.layers + 4 * shape.d * packed_pairs
-    padded = (_lin(shape) * padded_tok + 4 * shape.d * padded_pairs) * shape.layers
+    A = shape.d if shape.attn is None else shape.attn  # H Dh: the width of QK^T's and PV's sums
+    packed = _lin(shape) * real_tok * shape.layers + 4 * A * packed_pairs
+    padded = (_lin(shape) * padded_tok + 4 * A * padded_pairs) * shape.layers
     return {"padded": float(padded), "packed": float(packed), "token_ratio": padded_tok / real_tok, "speedup": padded / packed}
 
 
