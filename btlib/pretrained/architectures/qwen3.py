@@ -8,7 +8,8 @@
 One layer, on x (total, d) packed tokens (transformers 5.23's Qwen3DecoderLayer):
 
     h = rms(x) * w_attn                    RMSNorm: x / sqrt(mean(x^2) + eps), in fp32, then scaled
-    q, k, v = h Wqkv^T                     (total, H, Dh), (total, Hkv, Dh) x 2; H Dh need not be d   2 d (H + 2 Hkv) Dh FLOPs/token
+    q, k, v = h Wqkv^T                     (total, H, Dh), (total, Hkv, Dh) x 2; H Dh need not be d
+                                                                                   2 d (H + 2 Hkv) Dh FLOPs/token
     q, k = rms(q) * w_q, rms(k) * w_k      per head, over Dh (q_norm, k_norm)
     q, k = rope(q, p), rope(k, p)          p = position inside its own sequence (restarts at 0), base rope_theta
     o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=True)   query i sees keys j <= i of its own sequence

@@ -93,7 +93,8 @@ def _sliding_layers(c: dict, n_layers: int, refused: list[str]) -> None:
     if not isinstance(types, list) or len(types) != n_layers or any(t not in _LAYER_TYPES for t in types):
         refused.append(f"layer_types={types!r} (one of {_LAYER_TYPES} for each of the {n_layers} layers)")
     elif "sliding_attention" in types:
-        refused.append(f"layer_types has 'sliding_attention' at layers {[i for i, t in enumerate(types) if t != 'full_attention']} "
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        refused.append(f"layer_types has 'sliding_attention' at layers {sliding} "
                        "(btlib runs full causal attention only)")
 
 
