@@ -137,6 +137,19 @@ def test_hidden_states_match_transformers(case, lengths):
     assert _rel(h, ref) <= TOL
 
 
+def test_every_folder_form_is_read_as_transformers_reads_it(case):
+    """transformers' own from_pretrained of the folder on disk (the published config fields, the "model." prefix and
+    lm_head) gives the hidden states btlib gives: the fields are read as transformers reads them, not as written."""
+    import transformers as tf
+
+    name, path, _ = case
+    cls = tf.Qwen3ForCausalLM if "causal-lm" in name else tf.Qwen3Model
+    hf = cls.from_pretrained(path).eval()
+    hf = hf.model if "causal-lm" in name else hf
+    seqs = _seqs([7, 40])
+    assert _rel(_forward(load_pretrained(path), seqs), _reference(hf, seqs)) <= TOL
+
+
 def test_attention_is_causal_and_per_sequence(case):
     """A token's state depends on the tokens before it in its own sequence only: changing the last token of one
     sequence moves that token's state and nothing else, in that sequence or its neighbours."""

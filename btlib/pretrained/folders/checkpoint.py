@@ -177,8 +177,8 @@ def read_spec(folder: Path) -> CheckpointSpec:
             "loads none. Run it with transformers (AutoModel.from_pretrained(folder, trust_remote_code=True)) or "
             "sentence-transformers")
     if kind not in MODEL_TYPES:
-        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads {', '.join(MODEL_TYPES)} "
-                              "and modernbert encoders")
+        raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads {', '.join(MODEL_TYPES)}, "
+                              "modernbert, nomic_bert, new and gte encoders and qwen3 (Qwen3-Embedding) decoders")
 
     def need(key: str) -> int:
         return need_positive_int(c, key, cfg_path, kind)
