@@ -66,9 +66,10 @@ FAMILIES: tuple[Family, ...] = (
            "fp32, bf16, int8; bf16: cosine > 0.999, error <= 2x transformers' own bf16; int8: cosine >= 0.99 "
            "(tiny random folders)", ("tests/test_mpnet.py",)),
     Family("qwen3", 'model_type "qwen3" (Qwen3Model, Qwen3ForCausalLM: Qwen3-Embedding\'s folders)',
-           "Qwen3Model last_hidden_state per sequence (causal, GQA, head_dim 16 and 32 != hidden / heads, biases; "
-           "lengths 1, 7, 97 packed); a sentence-transformers folder: last-token pooled, normalised, query prompt "
-           "(instruct), also against a left-padded batch", 1e-5,
+           "Qwen3Model last_hidden_state per sequence (causal; GQA and not; head_dim = and != hidden / heads; with and "
+           "without biases; lengths 1, 7, 97 packed; Qwen3Model, Qwen3ForCausalLM and Qwen3-Embedding's config fields); "
+           "a sentence-transformers folder: last-token pooled, normalised, query prompt (instruct), also against a "
+           "left-padded batch", 1e-5,
            "fp32, bf16; bf16: cosine > 0.999, error <= 2x transformers' own bf16 (int8: not offered)",
            ("tests/test_qwen3.py",)),
     Family("cross-encoder heads", "architectures Bert / Roberta / XLMRoberta / Camembert / Electra / "

@@ -23,9 +23,10 @@ exactly that on packed tokens: the row cu_seqlens[b + 1] - 1. A folder without m
 sentence-transformers would do it.
 
 Grouped-query attention: btlib's varlen kernels take one head count for q, k and v (the C++ kernel checks it), so k and
-v are expanded to H heads with repeat_interleave before the call: 2 (H - Hkv) Dh extra elements written per token and
-layer (Qwen3-Embedding-0.6B, H 16, Hkv 8, Dh 128: 2048 floats, 8 KiB in fp32, beside the ~31 M FLOPs per token of the
-layer's linear maps; a GQA-aware kernel would read each key head once for its G = H / Hkv query heads instead).
+v are copied out to H heads with repeat_interleave before the call: 2 H Dh elements written per token and layer, of
+which 2 (H - Hkv) Dh are repeats (Qwen3-Embedding-0.6B, H 16, Hkv 8, Dh 128: 4096 floats, 16 KiB in fp32, beside the
+~31 M FLOPs per token of the layer's linear maps). A GQA-aware kernel would read each key head once for its G = H / Hkv
+query heads instead and write nothing.
 
 Positions: transformers gives each sequence positions 0.. when run alone or right-padded; left-padded (Qwen3-Embedding's
 tokenizer pads on the left) it shifts them all by the padding, which RoPE's relative form leaves unchanged up to
@@ -112,7 +113,7 @@ class Qwen3Layer(nn.Module):
         q = apply_rope(self.q_norm(q.view(total, H, Dh)), *rope)  # (total, H, Dh)
         k = apply_rope(self.k_norm(k.view(total, Hkv, Dh)), *rope)  # (total, Hkv, Dh)
         v = v.view(total, Hkv, Dh)  # a strided view: the kernels take any strides with Dh contiguous
-        if Hkv != H:  # GQA: the kernels take one head count; key head j serves query heads j G .. j G + G - 1
+        if Hkv != H:  # GQA (module docstring: the copy's cost): key head j serves query heads j G .. j G + G - 1
             k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (total, H, Dh)
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=True, scale=None)  # (total, H, Dh), scale 1 / sqrt(Dh)
         x = _residual(x, o.reshape(total, H * Dh), self.Wo)
