@@ -125,6 +125,15 @@ inline void tile_products(const char* a, int64_t as, const char* b, int64_t bs, 
 
 inline int64_t amx_dk(int64_t D) { return round_up(D, 32); }  // Q and K^T padded to whole 32-element K steps
 
+// Elements [0, n) of 16 (n < 16: the rest 0) as bf16 bits: a masked load, and for fp32 inputs one rounding
+// (vcvtneps2bf16: nearest even, as at::BFloat16; a NaN stays a NaN).
+inline __m256i bf16x16(const bf16* x, int64_t n) { return _mm256_maskz_loadu_epi16(first_lanes(int(n)), x); }
+inline __m256i bf16x16(const float* x, int64_t n) {
+  return (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(first_lanes(int(n)), x));
+}
+
+// T: the element type of q, k, v and o (bf16, or fp32 rounded to bf16 while packing); sums are fp32 either way.
+template <typename T>
 struct AmxPath {
   using Local = AmxWorkspace;
 
@@ -134,35 +143,44 @@ struct AmxPath {
     ws.vp2.resize(Tp * Dp);
   }
   // key tile [j0, j0 + Bc): K^T as [Dk / 2][Bc][2] (a key's (d, d + 1) pair is one 32-bit move), V as
-  // [Bc / 2][Dp][2] (two keys' rows interleaved), zero beyond Lk and D
-  static void pack_kv_tile(const Problem& p, const bf16* k, const bf16* v, int64_t b, int64_t h, int64_t Dp, int64_t j0,
+  // [Bc / 2][Dp][2] (two keys' rows interleaved, 16 columns a vector), zero beyond Lk and D
+  static void pack_kv_tile(const Problem& p, const T* k, const T* v, int64_t b, int64_t h, int64_t Dp, int64_t j0,
                            Workspace& ws) {
     const int64_t D = p.D, Dk = amx_dk(D), nk = std::min(Bc, p.len_k(b) - j0);
-    uint16_t* kt = ws.kt2.data() + j0 * Dk;
+    uint32_t* kt = reinterpret_cast<uint32_t*>(ws.kt2.data() + j0 * Dk);
     uint16_t* vp = ws.vp2.data() + j0 * Dp;  // Bc is even: a tile starts a pair
-    if (nk < Bc || Dk > D) std::fill_n(kt, Dk * Bc, uint16_t(0));
-    if (nk < Bc || Dp > D) std::fill_n(vp, Bc * Dp, uint16_t(0));
-    uint32_t* kt32 = reinterpret_cast<uint32_t*>(kt);
+    if (nk < Bc) {
+      std::fill_n(kt, Dk / 2 * Bc, 0u);
+      std::fill_n(vp, Bc * Dp, uint16_t(0));
+    }
+    alignas(64) uint16_t row[kMaxD + 32];  // one key as bf16, zeros from D to Dk
     for (int64_t j = 0; j < nk; ++j) {
-      const bf16* kj = p.at(k, p.ks, b, h, j0 + j);
-      const bf16* vj = p.at(v, p.vs, b, h, j0 + j);
-      for (int64_t d = 0; d + 1 < D; d += 2) {
-        uint32_t pair;
-        std::memcpy(&pair, kj + d, 4);
-        kt32[(d / 2) * Bc + j] = pair;
+      const T* kj = p.at(k, p.ks, b, h, j0 + j);
+      for (int64_t d = 0; d < Dk; d += 16) _mm256_store_si256(reinterpret_cast<__m256i*>(row + d), bf16x16(kj + d, D - d));
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
+      for (int64_t d2 = 0; d2 < Dk / 2; ++d2) kt[d2 * Bc + j] = pairs[d2];
+    }
+    for (int64_t j = 0; j < nk; j += 2) {  // keys j, j + 1 -> pair row j / 2; a lone last key pairs with 0
+      const T* va = p.at(v, p.vs, b, h, j0 + j);
+      const T* vb = j + 1 < nk ? p.at(v, p.vs, b, h, j0 + j + 1) : nullptr;
+      for (int64_t d = 0; d < Dp; d += 16) {
+        const __m512i a = _mm512_cvtepu16_epi32(bf16x16(va + d, D - d));
+        const __m512i c = vb ? _mm512_cvtepu16_epi32(bf16x16(vb + d, D - d)) : _mm512_setzero_si512();
+        _mm512_storeu_si512(vp + (j / 2 * Dp + d) * 2, _mm512_or_si512(a, _mm512_slli_epi32(c, 16)));
       }
-      if (D % 2) kt[((D / 2) * Bc + j) * 2] = kj[D - 1].x;
-      uint16_t* vrow = vp + (j / 2) * Dp * 2 + j % 2;
-      for (int64_t d = 0; d < D; ++d) vrow[d * 2] = vj[d].x;
     }
   }
-  // Q block [Br][Dk] (the input's bf16, zeros beyond D); the tiles are configured once per thread (AmxWorkspace)
-  static void pack_q(const Problem& p, const bf16* q, int64_t b, int64_t h, int64_t q0, int64_t nq, Workspace& ws) {
+  // Q block [Br][Dk] as bf16 (zeros beyond D); the tiles are configured once per thread (AmxWorkspace)
+  static void pack_q(const Problem& p, const T* q, int64_t b, int64_t h, int64_t q0, int64_t nq, Workspace& ws) {
     const int64_t D = p.D, Dk = amx_dk(D);
-    if (ws.q2.size() != size_t(Br * Dk)) ws.q2.assign(Br * Dk, 0);  // zero once: columns D..Dk stay 0
+    if (ws.q2.size() != size_t(Br * Dk)) ws.q2.assign(Br * Dk, 0);  // zero once: columns past round_up(D, 16) stay 0
     ws.p2.resize(Br * Bc);
     ws.qk_scale = p.scale * kLog2e;
-    for (int64_t i = 0; i < nq; ++i) std::memcpy(ws.q2.data() + i * Dk, p.at(q, p.qs, b, h, q0 + i), D * sizeof(bf16));
+    for (int64_t i = 0; i < nq; ++i) {
+      const T* qi = p.at(q, p.qs, b, h, q0 + i);
+      for (int64_t d = 0; d < D; d += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ws.q2.data() + i * Dk + d), bf16x16(qi + d, D - d));
+    }
   }
   // S rows [0, nq), keys [0, nk) of block j0 (whole 16 x 16 tiles), then times scale * log2(e) in fp32
   static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t nk) {
@@ -194,10 +212,9 @@ struct AmxPath {
 };
 
 // v3 (flash.h's blocks, tasks and masks) with AmxPath's products. Call only when amx_status() is "".
-template <typename ParallelFor>
-int64_t attention_amx(const Problem& p, const bf16* q, const bf16* k, const bf16* v, bf16* o, int threads,
-                      ParallelFor&& parallel_for) {
-  return attention_v3_on<AmxPath>(p, q, k, v, o, threads, parallel_for);
+template <typename T, typename ParallelFor>
+int64_t attention_amx(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
+  return attention_v3_on<AmxPath<T>>(p, q, k, v, o, threads, parallel_for);
 }
 
 }  // namespace btlib_core
