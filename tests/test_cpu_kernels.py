@@ -327,11 +327,22 @@ def test_auto_picks_amx_for_bf16_and_falls_back_for_the_rest(monkeypatch):
     assert registry.select("varlen", x.bfloat16(), causal=False).name == "cpu_flash_varlen"
 
 
+@needs_amx
+def test_amx_op_on_fp32_rounds_to_bf16_while_packing():
+    """float32 in and out, bf16 products: equal to the op on inputs rounded to bf16 first, up to the output's rounding."""
+    x = torch.randn(3, 300, 2, 32)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(torch.tensor([200, 97, 3]))
+    out = ops.varlen_amx(*x, cu, max_seqlen, False, 32**-0.5)
+    assert out.dtype == torch.float32
+    rounded = ops.varlen_amx(*x.bfloat16(), cu, max_seqlen, False, 32**-0.5)
+    assert relative_error(out.bfloat16(), rounded.float()) <= 2**-8  # one bf16 rounding of the output apart
+
+
 def test_amx_refuses_what_it_cannot_run():
     x = torch.randn(6, 2, 32)
     if AMX is None:
-        with pytest.raises(RuntimeError, match="dtype must be bfloat16"):
-            ops.varlen_amx(x, x, x, cu_ok, 4, False, 1.0)
+        with pytest.raises(RuntimeError, match="dtype must be float32 or bfloat16"):
+            ops.varlen_amx(x.double(), x.double(), x.double(), cu_ok, 4, False, 1.0)
         with pytest.raises(ValueError, match="supports bfloat16"):
             btlib.varlen_attention(x, x, x, cu_ok, 4, backend="cpu_amx_varlen")
     else:  # no AMX here (or not granted, or no AMX code in this build): the op says why, and "auto" never picks it

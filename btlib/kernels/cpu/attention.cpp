@@ -202,18 +202,23 @@ at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance, run_v3);
 }
 
-// varlen_v3 with its products on AMX tiles (flash_amx.h): bfloat16 only, and only where amx_status() is "".
+// varlen_v3 with its products on AMX tiles (flash_amx.h), only where amx_status() is "": bfloat16, or float32 in and
+// out with bf16 products.
 at::Tensor varlen_amx_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                          int64_t max_seqlen, bool causal, double scale, int64_t window_left, int64_t window_right,
                          const std::optional<at::Tensor>& bias, int64_t bias_kind, int64_t bias_max_distance) {
   TORCH_CHECK(amx_status().empty(), "btlib CPU AMX attention cannot run here: ", amx_status(), "; use varlen_v3");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "btlib CPU AMX attention: dtype must be bfloat16 (AMX multiplies bf16); got ",
-              q.scalar_type(), "; use varlen_v3 for float32");
+  // float32 in and out is bf16 inside: q, k, v rounded to bf16 while packing (no separate pass), sums fp32; the
+  // error is bf16's, not fp32's, so btlib's registry offers this op for bf16 inputs only.
   return varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance,
                 [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
 #if defined(BTLIB_AMX)
     auto as_bf16 = [](const at::Tensor& x) { return reinterpret_cast<bf16*>(x.data_ptr<at::BFloat16>()); };
-    attention_amx(p, as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(o), threads(), TorchParallelFor{});
+    if (q.scalar_type() == at::kBFloat16)
+      attention_amx(p, as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(o), threads(), TorchParallelFor{});
+    else
+      attention_amx(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), o.data_ptr<float>(), threads(),
+                    TorchParallelFor{});
 #endif
   });
 }

@@ -9,7 +9,7 @@ inputs' metadata. Each mirrors attention.cpp's binding:
         q (B, H, T, D), k, v (B, H, S, D) -> (B, H, T, D), q's dtype, contiguous (at::empty(q.sizes()))
     varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance)
         q, k, v (total, H, D), cu_seqlens (B + 1,) int32 -> (total, H, D), q's dtype, contiguous
-    varlen_amx(...)   varlen_v3's signature, bfloat16 only (AMX tiles)
+    varlen_amx(...)   varlen_v3's signature (AMX tiles; float32 in and out runs bf16 products)
 
 They repeat the binding's checks that need no data (rank, dtype, shapes, head_dim, strides, the window's
 reaches, the position bias's kind and shape), with its messages. The checks that read values (lengths in [0, min(T, S)], cu_seqlens
@@ -102,14 +102,7 @@ def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, wind
     return q.new_empty(q.shape)  # (total, H, D) contiguous
 
 
-def _varlen_amx(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, window_right=-1, bias=None, bias_kind=0,
-                bias_max_distance=0):
-    tp.check(q.dtype == torch.bfloat16, lambda: "btlib CPU AMX attention: dtype must be bfloat16 (AMX multiplies bf16); "
-                                                f"got {q.dtype}; use varlen_v3 for float32")
-    return _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance)
-
-
-_FAKES = {"attention_v1": _v1, "attention_v2": _v1, "attention_v3": _v3, "varlen_v3": _varlen, "varlen_amx": _varlen_amx}
+_FAKES = {"attention_v1": _v1, "attention_v2": _v1, "attention_v3": _v3, "varlen_v3": _varlen, "varlen_amx": _varlen}
 
 
 def register(namespace: str) -> None:
