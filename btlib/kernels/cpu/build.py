@@ -267,11 +267,13 @@ def int8_module():
     """int8.cpp built for :func:`isa` (once per process, ~20 s on a cold cache): ``quantize_rows``, ``dequantize``.
 
     Same cache, announcement and ISA flags as the attention kernels, plus -fno-math-errno -fno-trapping-math
-    (the loops vectorise without errno writes). Raises RuntimeError like :func:`load`; a failure is
+    (the loops vectorise without errno writes) and -ffp-contract=off: g++ otherwise fuses a multiply and an add
+    into one FMA where it inlines them, differently in dequantize and requantize, which then rounded the same
+    row 1 ulp apart (int8.cpp promises requantize the bits of quantize_rows after dequantize). Raises RuntimeError like :func:`load`; a failure is
     remembered, so :func:`int8_available` reports it and the next call raises without compiling.
     """
     isa_ = _checked_isa(None)
-    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *_FLAGS[isa_], *_thread_flags()]
+    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", *_FLAGS[isa_], *_thread_flags()]
     return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE, HEADER],
                         sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()),
                         extra_include_paths=[str(HERE)])
