@@ -73,16 +73,25 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t las
 }
 
 // S[c] += bias(h, i, j0 + c) * log2(e) for the row's allowed keys c in [first, last) of the tile.
-// i and j are positions within the sequence; d = j - i runs over consecutive values along the row.
+// i and j are positions within the sequence; d = j - i runs over consecutive values along the row, so
+// both kinds are written as loops the compiler vectorises: ALiBi in int32 (|d| < 2^31 within a
+// sequence) converted to float, the table as a contiguous slice t[d] where |d| <= R and its end
+// values beyond (a clamp per score compiled to a scalar gather: MEASURED).
 inline void add_position_bias(const Problem& p, int64_t h, int64_t i, int64_t j0, float* S, int64_t first, int64_t last) {
   if (p.bias_kind == kBiasAlibi) {
     const float slope = -p.bias[h] * kLog2e;  // -slope |d| in base 2
-    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(j0 + c - i));
-  } else {  // kBiasTable: row h, centred on d = 0
-    const int64_t R = p.bias_R;
-    const float* t = p.bias + h * (2 * R + 1) + R;
-    for (int64_t c = first; c < last; ++c) S[c] += t[std::clamp<int64_t>(j0 + c - i, -R, R)] * kLog2e;
+    const int32_t d0 = int32_t(j0 - i);
+    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(d0 + int32_t(c)));
+    return;
   }
+  // kBiasTable: row h, centred on d = 0; keys c < lo have d < -R, keys c >= hi have d > R.
+  const int64_t R = p.bias_R;
+  const float* t = p.bias + h * (2 * R + 1) + R;
+  const int64_t lo = std::clamp<int64_t>(i - R - j0, first, last), hi = std::clamp<int64_t>(i + R + 1 - j0, lo, last);
+  const float below = t[-R] * kLog2e, above = t[R] * kLog2e;
+  for (int64_t c = first; c < lo; ++c) S[c] += below;
+  for (int64_t c = lo; c < hi; ++c) S[c] += t[j0 - i + c] * kLog2e;  // d = j0 + c - i in [-R, R]
+  for (int64_t c = hi; c < last; ++c) S[c] += above;
 }
 
 // One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
