@@ -105,17 +105,24 @@ class PaddingStats:
         return 1.0 / (1.0 - self.padding_fraction)
 
 
-def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1) -> float:
+def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1, *, glu: bool = False,
+                  window: tuple[int, int] | None = None, local_layers: int = 0) -> float:
     """Forward FLOPs of a Transformer encoder on sequences of the given lengths (multiply-add = 2).
 
-    Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff.
-    Per sequence of length L and layer: QK^T and PV, 4 L^2 d (summed over heads).
+    Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff (a GLU feed-forward, ``glu``:
+    three d x d_ff matrices, 6 d d_ff). Per layer, QK^T and PV: 4 d per (query, key) pair (summed over heads): L^2
+    pairs in a sequence of length L, or on ``local_layers`` of the ``num_layers`` only the pairs inside ``window``
+    (:func:`attention_pairs`: what a kernel that skips the rest computes).
     """
     d_model, d_ff, num_layers = (check_int(v, n) for v, n in ((d_model, "d_model"), (d_ff, "d_ff"),
                                                                 (num_layers, "num_layers")))
+    local_layers = check_int(local_layers, "local_layers", high=num_layers) if window is not None else 0
     L = lengths.double()
-    per_token = 8 * d_model**2 + 4 * d_model * d_ff
-    return float(num_layers * (per_token * L.sum() + 4 * d_model * (L**2).sum()))
+    per_token = 8 * d_model**2 + (6 if glu else 4) * d_model * d_ff
+    pairs = float((L**2).sum()) * (num_layers - local_layers)
+    if local_layers:
+        pairs += attention_pairs(lengths, window=window) * local_layers
+    return float(num_layers * per_token * L.sum() + 4 * d_model * pairs)
 
 
 def attention_pairs(lengths: Tensor, *, causal: bool = False, window: tuple[int, int] | None = None) -> int:
