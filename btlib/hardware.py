@@ -23,8 +23,10 @@ Rates (measured once, ~3 s, on first use, never at import): every GEMM path of
 :mod:`btlib.gemm` at the encoder's shapes and a few token counts (:mod:`btlib.gemm_measure`),
 at torch's current thread count. ``gemm`` holds every path's rate, ``gemm_pick`` the path
 btlib.gemm.linear takes per token count, and ``fp32_gflops`` / ``bf16_gflops`` the best rate of
-that precision over every path: the yardstick for "bound", "ideal" and the bf16 factor, so that
-a kernel is compared with the fastest GEMM this machine has, never a slow library's. This module
+one GEMM of that precision over every shape, path and token count: the yardstick for "bound",
+"ideal" and the bf16 factor, so that a kernel is compared with the fastest GEMM this machine has,
+never a slow library's (btlib.bench measures again when a run beats it: a cached rate taken while
+the machine was slower is not a bound). This module
 sits below btlib.gemm and imports nothing above it: btlib.gemm hands over how to time its paths
 when it is imported (:func:`use_gemm`; ``import btlib`` imports it), and reads its choice back
 from :func:`machine`. torch._int_mm's own rate (:func:`int8_gemm_gflops`, btlib.quant's int8
@@ -60,8 +62,9 @@ from .hardware_cache import FIELDS, read_cache, write_cache
 __all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file", "isa", "runnable",
            "ISAS", "use_gemm", "int8_gemm_gflops"]
 
-_VERSION = 5  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
-#               4: an int8 pick, which btlib.quant follows; 5: int8 picks per weight shape)
+_VERSION = 6  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
+#               4: an int8 pick, which btlib.quant follows; 5: int8 picks per weight shape; 6: the fp32 / bf16 bound is
+#               the fastest single shape's rate)
 _memo: dict[str, "Hardware"] = {}
 _warned: set[str] = set()
 _gemm: dict[str, Callable] = {}  # "measure", "forget": handed over by btlib.gemm at its import (use_gemm)
@@ -80,7 +83,7 @@ class Hardware:
     isa: str                 # the build of btlib's C++ kernels: avx512bf16, avx512, avx2 or portable
     bf16_native: bool
     bf16_why: str            # where bf16_native comes from, e.g. "avx512_bf16 in /proc/cpuinfo"
-    fp32_gflops: float       # the best fp32 GEMM rate over every path and token count
+    fp32_gflops: float       # the best fp32 rate of one GEMM over every shape, path and token count
     bf16_gflops: float       # the same in bf16
     fp32_n: int              # the largest token count M timed in fp32 (smaller: the time box stopped it)
     bf16_n: int

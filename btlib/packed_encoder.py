@@ -13,7 +13,9 @@ so linear layers cost sum(L) instead of B*T, and attention sum(L_i^2) instead of
 PyTorch's nested path gets the first saving but not the second: its fastpath attention
 (torch._transformer_encoder_layer_fwd) converts the nested q, k, v back to padded tensors.
 Post-LN and pre-LN (norm_first) layers, ReLU, GELU or any callable activation,
-with or without a final norm.
+with or without a final norm, and optionally one position bias (btlib.PositionBias) that every layer's
+attention adds to its scaled scores (MPNet's relative-position table, shared by all layers), computed by
+the varlen kernel from the positions within each sequence, never as a (T, T) tensor.
 
 This module is for inference and runs the module exactly as its PyTorch forward would (with the
 fastpath off), or refuses by name: dropout is not applied, so a layer in training mode with
@@ -51,6 +53,7 @@ from ._compile import constant_result
 from . import gemm
 from .kernels import registry
 from .kernels.registry import Kernel
+from .position_bias import PositionBias, check_position_bias
 from .padding import _pack, _unpack, check_cu_seqlens, check_cu_seqlens_layout, check_lengths, padding_mask_to_lengths
 from .precision import choose_precision, warn_if_slow_bf16
 
@@ -112,11 +115,15 @@ def _dropout_in_training(dropouts: list[tuple[str, nn.Module]]) -> str | None:
 # follows attributes of an object it reached through registry.get, not of one a constant function returned.
 @constant_result  # torch.compiler.assume_constant_result, without importing dynamo here
 def _select_varlen(dtype: torch.dtype, device: torch.device, H: int, head_dim: int, needs_grad: bool, backend: str,
-                   window: tuple[int, int] | None = None) -> str:
+                   window: tuple[int, int] | None = None, bias_kind: str | None = None) -> str:
     """The name of the varlen kernel for (total, H, head_dim) q, k, v of this dtype and device (registry.select);
-    window: a local window some layer uses (the kernel must take one), or None. Shared with ModernBERT."""
+    window: a local window some layer uses (the kernel must take one), or None; bias_kind: "alibi" or "table"
+    where the layers add a PositionBias of that kind (the kernel must take one), or None. Shared with ModernBERT."""
+    bias = None
+    if bias_kind is not None:  # a stand-in of the kind: the registry asks whether a kernel takes one, not its values
+        bias = PositionBias.alibi(torch.zeros(H)) if bias_kind == "alibi" else PositionBias.table(torch.zeros(H, 1), 0)
     return registry.select("varlen", torch.empty(0, H, head_dim, dtype=dtype, device=device), False, backend,
-                           needs_grad=needs_grad, window=window).name
+                           needs_grad=needs_grad, window=window, bias=bias).name
 
 
 class PackedEncoder(nn.Module):
@@ -129,20 +136,27 @@ class PackedEncoder(nn.Module):
     """
 
     def __init__(self, layers: nn.ModuleList, norm: nn.Module | None, attention_backend: str = "auto",
-                 batch_first: bool = True):
+                 batch_first: bool = True, bias: PositionBias | None = None):
         super().__init__()
         self.layers = layers
         self.norm = norm
         self.attention_backend = attention_backend
         self.batch_first = batch_first
+        # every layer's attention adds it (checked: one value per head, on the weights' device); None: no bias
+        self.bias = check_position_bias(bias, layers[0].self_attn.num_heads, layers[0].linear1.weight.device)
         self.precision = None  # the PrecisionChoice from from_module(precision=...), printable; None: as given
         self._dropouts = _dropouts(layers)
         self._kernels: dict[tuple, Kernel] = {}  # (dtype, device, needs_grad) -> the varlen kernel, selected once
 
     @classmethod
     def from_module(cls, encoder: nn.TransformerEncoder | nn.TransformerEncoderLayer, *, attention_backend: str = "auto",
-                    dtype: torch.dtype | None = None, precision: str | None = None) -> "PackedEncoder":
+                    dtype: torch.dtype | None = None, precision: str | None = None,
+                    bias: PositionBias | None = None) -> "PackedEncoder":
         """Wrap an existing encoder (or a single layer) without copying its weights.
+
+        bias: a btlib.PositionBias (H heads, float32 values on the weights' device) that every layer's attention
+        adds to its scaled scores, bias(h, j - i) within each sequence (MPNet's relative-position table); None: none.
+        The encoder then runs only on kernels that take a bias; the module's own forward has no place for it.
 
         precision: None (default) runs in the module's own dtype; "auto" picks bf16 only where this
         CPU runs bf16 natively and its matmuls measured > 1.3x fp32's rate, else fp32
@@ -179,7 +193,7 @@ class PackedEncoder(nn.Module):
             warn_if_slow_bf16("PackedEncoder in bf16")
         if dtype is not None and dtype != layers[0].linear1.weight.dtype:
             layers, norm = copy.deepcopy(layers).to(dtype), (copy.deepcopy(norm).to(dtype) if norm is not None else None)
-        packed = cls(layers, norm, attention_backend, batch_first.pop())
+        packed = cls(layers, norm, attention_backend, batch_first.pop(), bias)
         packed.precision = choice
         packed.training = any(m.training for m in layers)  # not train(): that would also flip the shared layers
         return packed
@@ -212,6 +226,9 @@ class PackedEncoder(nn.Module):
         """
         if cu_seqlens.device != x.device:
             raise ValueError(f"cu_seqlens must be on x's device ({x.device}); got {cu_seqlens.device}")
+        if self.bias is not None and self.bias.device != x.device:
+            raise ValueError(f"the position bias is on {self.bias.device}, x on {x.device}: move the module and build "
+                             "its PackedEncoder on x's device")
         if torch.compiler.is_compiling():
             # the value checks read cu_seqlens (data-dependent: no graph); the C++ varlen kernel repeats them
             # when the graph runs, and raises with the same facts
@@ -237,10 +254,10 @@ class PackedEncoder(nn.Module):
         for layer in self.layers:
             # the residual add rides in the output projection's and linear2's GEMM epilogue (btlib.gemm)
             if layer.norm_first:
-                x = self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen, kernel, residual=x)
+                x = self._attention(layer, layer.norm1(x), cu_seqlens, max_seqlen, kernel, residual=x, bias=self.bias)
                 x = self._feed_forward(layer, layer.norm2(x), residual=x)
             else:
-                x = layer.norm1(self._attention(layer, x, cu_seqlens, max_seqlen, kernel, residual=x))
+                x = layer.norm1(self._attention(layer, x, cu_seqlens, max_seqlen, kernel, residual=x, bias=self.bias))
                 x = layer.norm2(self._feed_forward(layer, x, residual=x))
         return x
 
@@ -252,13 +269,14 @@ class PackedEncoder(nn.Module):
         key = (x.dtype, x.device, needs_grad, self.attention_backend)
         if key not in self._kernels:  # ~80 us a selection: once per dtype, not per forward (one query's budget is ~2 ms)
             self._kernels[key] = registry.get(_select_varlen(x.dtype, x.device, a.num_heads, head_dim, needs_grad,
-                                                             self.attention_backend))
+                                                             self.attention_backend,
+                                                             bias_kind=None if self.bias is None else self.bias.kind))
         return self._kernels[key]
 
     @staticmethod
     def _attention(layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int, kernel: Kernel,
-                   residual: Tensor | None = None) -> Tensor:
-        """out_proj(attention(x)) + residual (None: no residual)."""
+                   residual: Tensor | None = None, bias: PositionBias | None = None) -> Tensor:
+        """out_proj(attention(x)) + residual (None: no residual); bias added to the scaled scores (None: none)."""
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
@@ -266,8 +284,8 @@ class PackedEncoder(nn.Module):
         # Strided views, not copies: every varlen kernel takes any strides with head_dim contiguous,
         # which saves writing 3 * total * d floats per layer into freshly faulted-in pages.
         q, k, v = qkv.unbind(1)  # (total, H, Dh) each
-        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)  # (total, H, Dh)
-        return gemm.module_linear(a.out_proj, o.view(total, d), residual)
+        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None, **registry.bias_kwargs(kernel, bias))
+        return gemm.module_linear(a.out_proj, o.view(total, d), residual)  # o: (total, H, Dh)
 
     @staticmethod
     def _feed_forward(layer: nn.TransformerEncoderLayer, x: Tensor, residual: Tensor | None = None) -> Tensor:

@@ -55,8 +55,10 @@ from torch import Tensor, nn
 from . import _torch_private as tp, gemm
 from .attention import varlen_attention
 from .hardware import int8_gemm_gflops  # measured there, with the other rates; named here as before
+from .kernels import registry
 from .packed_encoder import PackedEncoder
 from .padding import check_int
+from .position_bias import PositionBias
 from .precision import int8_slow_reason, warn_if_slow_int8  # the precision policy's; named here as before
 
 __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kernels", "int8_gemm_gflops", "int8_slow_reason",
@@ -214,7 +216,7 @@ class Int8PackedEncoder(PackedEncoder):
     """
 
     def __init__(self, packed: PackedEncoder, qlinears: nn.ModuleList):
-        super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first)
+        super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first, packed.bias)
         self.qlinears = qlinears
         self.precision = "int8"
         # {layer index: linears kept fp32}, e.g. {3: ("linear2",)}
@@ -228,20 +230,20 @@ class Int8PackedEncoder(PackedEncoder):
         return super()._layers(x, cu_seqlens, max_seqlen)
 
     def _attention(self, layer: nn.TransformerEncoderLayer, x: Tensor, cu_seqlens: Tensor, max_seqlen: int,
-                   *kernel, residual: Tensor | None = None) -> Tensor:
+                   *kernel, residual: Tensor | None = None, bias: PositionBias | None = None) -> Tensor:
         # *kernel: the varlen kernel PackedEncoder selected once per forward, where its version passes one
         q8 = self._q[id(layer)]
         if "qkv" not in q8 and "out_proj" not in q8:
-            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel, residual=residual)
+            return super()._attention(layer, x, cu_seqlens, max_seqlen, *kernel, residual=residual, bias=bias)
         a = layer.self_attn
         total, d = x.shape
         H = a.num_heads
         qkv = q8["qkv"](x) if "qkv" in q8 else F.linear(x, a.in_proj_weight, a.in_proj_bias)
         q, k, v = qkv.view(total, 3, H, d // H).unbind(1)  # (total, H, Dh) each, strided views
         if kernel:
-            o = kernel[0].fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None)
+            o = kernel[0].fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None, **registry.bias_kwargs(kernel[0], bias))
         else:
-            o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=self.attention_backend)  # (total, H, Dh)
+            o = varlen_attention(q, k, v, cu_seqlens, max_seqlen, bias=bias, backend=self.attention_backend)  # (total, H, Dh)
         o = o.reshape(total, d)
         if "out_proj" in q8:
             return q8["out_proj"](o, residual)  # the residual added in dequantize's pass

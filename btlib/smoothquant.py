@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernels import registry
 from .packed_encoder import PackedEncoder
 from .padding import check_int, segment_ids, segment_mean
 from .quant import LINEARS, Int8PackedEncoder, quantize
@@ -33,20 +34,21 @@ class _Recorder(PackedEncoder):
     """
 
     def __init__(self, packed: PackedEncoder):
-        super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first)
+        super().__init__(packed.layers, packed.norm, packed.attention_backend, packed.batch_first, packed.bias)
         self.stats: dict[int, dict[str, Tensor]] = {id(layer): {} for layer in packed.layers}
 
     def keep(self, layer: nn.Module, name: str, x: Tensor) -> None:
         m, seen = x.detach().abs().amax(0).float(), self.stats[id(layer)]
         seen[name] = torch.maximum(seen[name], m) if name in seen else m
 
-    def _attention(self, layer, x, cu_seqlens, max_seqlen, kernel, residual=None):
+    def _attention(self, layer, x, cu_seqlens, max_seqlen, kernel, residual=None, bias=None):
         # PackedEncoder._attention, with out_proj's input recorded between the attention and out_proj
         self.keep(layer, "qkv", x)
         a = layer.self_attn
         total, d = x.shape
         q, k, v = F.linear(x, a.in_proj_weight, a.in_proj_bias).view(total, 3, a.num_heads, d // a.num_heads).unbind(1)
-        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None).reshape(total, d)  # (total, d)
+        o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=False, scale=None,
+                      **registry.bias_kwargs(kernel, bias)).reshape(total, d)  # (total, d)
         self.keep(layer, "out_proj", o)
         y = F.linear(o, a.out_proj.weight, a.out_proj.bias)
         return y if residual is None else y + residual

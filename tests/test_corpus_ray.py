@@ -56,6 +56,9 @@ def test_ray_data_map_batches_on_a_local_cluster(tmp_path, model):
         assert ray_embed_parquet(tmp_path / "corpus.parquet", tmp_path / "out", concurrency=1, batch_size=8) == len(TEXTS)
     finally:
         ray.shutdown()
+    # one input file is split into several blocks (one block goes to one actor: unsplit, a one-file corpus left
+    # every actor but one idle); Ray writes a file per block
+    assert len(list((tmp_path / "out").glob("*.parquet"))) >= 2
     table = pq.read_table(tmp_path / "out").sort_by("id")
     assert table.column("id").to_pylist() == list(range(len(TEXTS))) and table.column("text").to_pylist() == TEXTS
     got = torch.from_numpy(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32))

@@ -25,7 +25,7 @@ from btlib.pretrained.encoding import pack_ids  # noqa: E402
 
 from st_folders import rel, st_model, write_hf, write_st  # noqa: E402
 
-TESTED_HERE = ["btlib.pretrained.checkpoint", "btlib.pretrained.bert"]
+TESTED_HERE = ["btlib.pretrained.folders.checkpoint", "btlib.pretrained.architectures.bert"]
 
 TEXTS = ["w1 w2 w3", "W4", "w5 W6 " * 20, "", "W1 w2 W3 w4 W5 w6"]
 PAIRS = [("w1 W2", "w3 w4 w5"), ("W1 " * 30, "w2 w3"), ("", "w4"), "w8 single text"]

@@ -123,7 +123,8 @@ def test_measurement_is_time_boxed_and_picks_the_fastest_measured_path():
     assert time.perf_counter() - t0 < 8  # budgets 0.6 s + one round past a box on a busy CPU
     fp32 = out["gemm"]["fp32"]
     assert "torch" in fp32 and all(r > 0 for by_M in fp32.values() for r in by_M.values())
-    assert out["fp32_gflops"] == max(r for by_M in fp32.values() for r in by_M.values())
+    # the bound is the fastest single shape: at least every path's six-shape rate (their harmonic mean at one M)
+    assert out["fp32_gflops"] >= max(r for by_M in fp32.values() for r in by_M.values()) * (1 - 1e-9)
     assert out["gemm_pick"]["fp32"][-1][0] is None and hardware_cache.problem(out) is None
     if out["gemm"].get("int8"):  # btlib.quant follows the int8 picks (btlib.gemm.choose_int8): overall and per shape
         assert out["gemm_pick"]["int8"] == gemm_measure.picks(

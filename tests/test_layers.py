@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+TESTED_HERE = ["btlib.pretrained.folders", "btlib.pretrained.architectures"]
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("import_graph", ROOT / ".ci" / "import_graph.py")
 ig = importlib.util.module_from_spec(_spec)
@@ -50,6 +52,19 @@ def test_every_module_is_on_one_readme_line_and_every_name_exists(layers):
     names = [e for names in layers for e in names]
     assert len(names) == len(set(names)), "a name is on two layer lines"
     assert layers[0] == ["__init__.py"], "the package's public names import from every layer: its line is the top"
+
+
+def test_pretrained_folder_readers_never_import_an_architecture(graph):
+    """btlib.pretrained is laid out by owner: folders/ reads a folder, architectures/ builds the networks on
+    top of it. A folder reader that imported an architecture would make the two one layer again."""
+    folders = {m for m in graph if m.startswith("btlib.pretrained.folders")}
+    archs = {m for m in graph if m.startswith("btlib.pretrained.architectures")}
+    assert len(folders) >= 5 and len(archs) >= 7, "the layout the test guards: folders/ and architectures/"
+    up = sorted(f"{m} -> {t}" for m in folders for t in graph[m] if t in archs)
+    assert up == [], f"folder readers importing an architecture: {up}"
+    # every architecture reads its folder through folders/ (none re-implements config reading)
+    readers = {m for m in archs if any(t in folders for t in graph[m])}
+    assert readers, "no architecture imports btlib.pretrained.folders"
 
 
 def test_the_graph_reader_resolves_lazy_and_relative_imports(tmp_path):

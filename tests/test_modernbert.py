@@ -9,11 +9,11 @@ import torch.nn.functional as F
 
 from btlib import device, hardware, load_pretrained, to_hf_state_dict
 from btlib.pretrained import CheckpointError, ModernBertEncoder, Pooling
-from btlib.pretrained.modernbert_config import spec_from_config
+from btlib.pretrained.folders.modernbert_config import spec_from_config
 from btlib.pretrained.reference import transformers_available
 
 # load_pretrained on a ModernBERT folder goes through load_modernbert.
-TESTED_HERE = ["btlib.pretrained.modernbert"]
+TESTED_HERE = ["btlib.pretrained.architectures.modernbert"]
 
 pytestmark = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 
@@ -118,8 +118,8 @@ def test_window_and_global_layers_matter(folder):
 def test_a_forward_checks_its_inputs_once_and_selects_one_kernel(folder, monkeypatch):
     """Prepared once per forward, not per layer: one cu_seqlens check, one kernel selection on the first forward
     (none after), and no layer goes through the public varlen_attention's checks."""
-    import btlib.pretrained.modernbert_layers as layers
-    import btlib.pretrained.modernbert_model as mm
+    import btlib.pretrained.architectures.modernbert_layers as layers
+    import btlib.pretrained.architectures.modernbert_model as mm
     from btlib.kernels import registry
 
     model = load_pretrained(folder[0])

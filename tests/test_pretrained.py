@@ -12,7 +12,7 @@ from btlib.pretrained.reference import stored_reference, transformers_available
 from model_folder import FOLDER, needs_model
 
 # load_pretrained reads the checkpoint (checkpoint.py) into a PretrainedEncoder (model.py).
-TESTED_HERE = ["btlib.pretrained.checkpoint", "btlib.pretrained.model", "btlib.pretrained.bert"]  # bert.py: the BERT family behind model.py's names
+TESTED_HERE = ["btlib.pretrained.folders.checkpoint", "btlib.pretrained.model", "btlib.pretrained.architectures.bert"]  # bert.py: the BERT family behind model.py's names
 
 needs_hf = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 PATHS = ("packed", "fastpath_nested", "fastpath", "slow")

@@ -24,7 +24,7 @@ from btlib.pretrained.coverage import family  # noqa: E402
 
 from st_folders import rel, write_hf  # noqa: E402
 
-TESTED_HERE = ["btlib.pretrained.reranker"]
+TESTED_HERE = ["btlib.pretrained.architectures.reranker"]
 
 TOL = family("cross-encoder heads").fp32_tol
 MAX_LENGTH = 24

@@ -1,4 +1,4 @@
-"""NomicBERT and GTE folders (btlib.pretrained.rotary_bert): parity with transformers on packed tokens, config forms,
+"""NomicBERT and GTE folders (btlib.pretrained.architectures.rotary_bert): parity with transformers on packed tokens, config forms,
 NTK-scaled RoPE, bf16, the file's tensors back, bad folders.
 
 What the parity is against, and its limits. Both architectures are in transformers 5.23 itself (NomicBertModel,
@@ -36,7 +36,7 @@ from btlib.pretrained import CheckpointError, Pooling, RotaryBertEncoder
 from btlib.pretrained.reference import transformers_available
 
 # load_pretrained on a NomicBERT / GTE folder goes through load_rotary_bert.
-TESTED_HERE = ["btlib.pretrained.rotary_bert", "btlib.pretrained.rotary_bert_config"]
+TESTED_HERE = ["btlib.pretrained.architectures.rotary_bert", "btlib.pretrained.folders.rotary_bert_config"]
 
 pytestmark = pytest.mark.skipif(transformers_available() is not None, reason="transformers is not installed")
 
@@ -120,16 +120,18 @@ def _nomic_config(theta: float, type_vocab_size: int = 2) -> dict:
             "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "summary_first_dropout": 0.0}
 
 
-def _gte_config(theta: float, type_vocab_size: int, rope_scaling=None) -> dict:
-    """config.json in the published "new" fields (gte-base-en-v1.5's, shrunk)."""
-    return {"model_type": "new", "architectures": ["NewModel"], **SMALL, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+def _gte_config(theta: float, type_vocab_size: int, rope_scaling=None, model_type="new") -> dict:
+    """config.json in the published "new" fields (gte-base-en-v1.5's, shrunk); model_type "gte" with the same fields
+    is how snowflake-arctic-embed-m-v2.0's remote-code config names itself."""
+    return {"model_type": model_type, "architectures": ["NewModel"], **SMALL, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
             "layer_norm_type": "layer_norm", "position_embedding_type": "rope", "rope_theta": theta,
             "rope_scaling": rope_scaling, "type_vocab_size": type_vocab_size, "pack_qkv": True,
             "logn_attention_scale": False, "logn_attention_clip1": False, "unpad_inputs": False,
             "use_memory_efficient_attention": False, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.0}
 
 
-def write_folder(folder, family="nomic", published=True, theta=1000.0, type_vocab_size=2, ntk=None, seed=0):
+def write_folder(folder, family="nomic", published=True, theta=1000.0, type_vocab_size=2, ntk=None, seed=0,
+                 model_type="new"):
     """A random-weight NomicBERT / GTE folder and transformers' model of the same weights (the reference).
 
     published: True, the Hub's config fields and tensor names; False, what transformers 5.23's save_pretrained
@@ -159,7 +161,7 @@ def write_folder(folder, family="nomic", published=True, theta=1000.0, type_voca
         n = SMALL["num_hidden_layers"]
         sd = _published_nomic(sd, n) if family == "nomic" else _published_gte(sd, n)
         scaling = {"type": "ntk", "factor": ntk} if ntk else None
-        config = _nomic_config(theta, type_vocab_size) if family == "nomic" else _gte_config(theta, type_vocab_size, scaling)
+        config = _nomic_config(theta, type_vocab_size) if family == "nomic" else _gte_config(theta, type_vocab_size, scaling, model_type)
         (folder / "config.json").write_text(json.dumps(config))
         save_file(sd, str(folder / "model.safetensors"))
     elif published is None:  # transformers' in-memory names, as a state_dict() saved by hand
@@ -204,6 +206,7 @@ CASES = {  # name: write_folder's arguments
     "nomic-saved-by-transformers": dict(family="nomic", published=False, theta=1000.0),
     "gte-new-no-types": dict(family="gte", theta=500.0, type_vocab_size=0),
     "gte-new-ntk": dict(family="gte", theta=500.0, type_vocab_size=2, ntk=2.0),
+    "gte-remote-fields-as-gte": dict(family="gte", theta=160_000.0, type_vocab_size=1, model_type="gte"),
     "gte-saved-by-transformers": dict(family="gte", published=False, theta=160_000.0, type_vocab_size=1),
     "gte-state-dict-names": dict(family="gte", published=None, theta=2000.0, type_vocab_size=0),
 }
@@ -297,6 +300,30 @@ def test_encode_pools_pairs_with_token_types(tmp_path):
     assert _rel(model.encode(texts, batch_size=1), mean) <= 1e-5
     model.pooling = Pooling("cls", True)
     assert _rel(model.encode(texts), F.normalize(ref[cu[:-1]], dim=-1)) <= 1e-5
+
+
+def test_a_sentence_transformers_folder_with_prompts(tmp_path):
+    """nomic-embed-text's folder shape: modules.json (Transformer at the root, mean Pooling, Normalize), prompts, and a
+    GPT-2 config.json without hidden_size: the head is built on n_embd and the query prompt goes before each text."""
+    hf = write_folder(tmp_path, family="nomic")
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64,
+                                                                    "pooling_mode_mean_tokens": True}))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (kind, path) in enumerate((("Transformer", ""), ("Pooling", "1_Pooling"), ("Normalize", "2_Normalize")))]))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8192, "do_lower_case": False,
+                                                                    "model_args": {"trust_remote_code": True}}))
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "w1 w2 ", "document": "w3 "}, "default_prompt_name": None}))
+    model = load_pretrained(tmp_path)
+    assert model.max_length == 512 and model.pooling == Pooling("mean", True)  # n_positions caps max_seq_length
+    texts = ["w5 w6 w7", "w8"]
+    ids = model.tokenize(["w1 w2 " + t for t in texts])
+    ref = _reference(hf, ids)
+    cu = torch.tensor([0] + [len(s) for s in ids]).cumsum(0)
+    want = F.normalize(torch.stack([ref[a:b].mean(0) for a, b in zip(cu[:-1], cu[1:])]), dim=-1)
+    assert _rel(model.encode(texts, prompt_name="query"), want) <= 1e-5
 
 
 def test_the_file_comes_back_bit_for_bit(case):

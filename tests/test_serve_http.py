@@ -15,6 +15,7 @@ import torch
 from btlib.serve import BatchEncoder
 from btlib.serve.extras import missing
 from model_folder import needs_model
+from serve_helpers import client_of, running_app
 
 pytestmark = [needs_model, pytest.mark.skipif(missing("fastapi", "serve") is not None, reason=str(missing("fastapi", "serve")))]
 
@@ -23,18 +24,13 @@ httpx = pytest.importorskip("httpx")
 
 @pytest.fixture(scope="module")
 def server(model):
-    from btlib.serve.app import create_app, start_server
-
-    batcher = BatchEncoder(model, max_wait_ms=1)
-    running = start_server(create_app(batcher, max_inputs=8))
-    yield running
-    running.stop()
-    assert batcher.closed
+    with running_app(model, max_inputs=8) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with client_of(server) as c:
         yield c
 
 

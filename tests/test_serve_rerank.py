@@ -26,6 +26,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("transformers")
 
 from st_folders import write_hf  # noqa: E402
+from serve_helpers import client_of, running_app  # noqa: E402
 
 QUERY = "w1 W2 w3"
 TEXTS = ["w4 w5", "w1 w2 w3 " * 2, "W1", "", "w7 w8 W9", "w1 " * 30]  # the last one overflows 24 tokens with the query
@@ -53,18 +54,13 @@ def reranker(folder):
 
 @pytest.fixture(scope="module")
 def server(reranker):
-    from btlib.serve.app import create_app, start_server
-
-    batcher = BatchEncoder(PairScorer(reranker), max_wait_ms=1)
-    running = start_server(create_app(batcher, max_inputs=8, auto_truncate=True))
-    yield running
-    running.stop()
-    assert batcher.closed
+    with running_app(PairScorer(reranker), max_inputs=8, auto_truncate=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with client_of(server) as c:
         yield c
 
 

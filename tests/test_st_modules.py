@@ -17,7 +17,7 @@ from btlib.pretrained import CheckpointError, Pooling, SentenceHead, load_pretra
 from st_folders import TEXTS, rel, st_model, write_hf, write_st  # noqa: E402
 
 # Pooling / SentenceHead (st_modules.py) and the folders they are read from (st_folder.py).
-TESTED_HERE = ["btlib.pretrained.st_modules", "btlib.pretrained.st_folder"]
+TESTED_HERE = ["btlib.pretrained.st_modules", "btlib.pretrained.folders.st_folder"]
 
 PATHS = ("packed", "fastpath_nested", "fastpath", "slow")
 

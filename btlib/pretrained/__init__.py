@@ -4,6 +4,7 @@
     model = load_pretrained("path/to/folder")  # any BERT / RoBERTa / XLM-R / DistilBERT / CamemBERT / ELECTRA folder
     model = load_pretrained("ModernBERT-base") # model_type "modernbert": a ModernBertEncoder (see .modernbert)
     model = load_pretrained("nomic-embed-text-v1.5")  # "nomic_bert", "new" (GTE v1.5) or "gte": a RotaryBertEncoder
+    model = load_pretrained("all-mpnet-base-v2")      # "mpnet": an MPNetEncoder (BERT's layers + relative positions)
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
@@ -13,18 +14,21 @@
 
 The package by what each file owns:
 
-    reading folders   checkpoint.py (BERT family's config.json and model.safetensors), modernbert_config.py
-                      (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's), st_folder.py
-                      (a sentence-transformers folder: modules.json, tokenizer, prompts)
-    heads             st_modules.py: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
-    encoding          encoding.py: the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
-    architectures     bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA on nn.TransformerEncoder, and
-                      their loader); modernbert_layers.py, modernbert_model.py and modernbert.py (its loader);
-                      rotary_bert.py (NomicBERT and GTE, and their loader)
-    rerankers         reranker.py: cross-encoders, a *ForSequenceClassification head on bert.py's encoder
+    folders/          reading a folder: checkpoint.py (the BERT family's config.json and model.safetensors),
+                      modernbert_config.py (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's),
+                      st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
+    architectures/    the networks and their loaders: bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT,
+                      ELECTRA on nn.TransformerEncoder); mpnet.py (MPNet: bert.py's encoder plus its
+                      relative-position bias, which the varlen kernel adds); modernbert_layers.py, modernbert_model.py and
+                      modernbert.py (its loader); rotary_bert.py (NomicBERT and GTE); reranker.py (cross-encoders:
+                      a *ForSequenceClassification head on bert.py's encoder)
+    st_modules.py     the heads: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
+    encoding.py       the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
     coverage.py       the registry of families: what each is checked against, how closely, at which precisions
     reference.py      transformers itself, the outside reference
     model.py          the old import path of bert.py's names (btlib.pretrained.model.PretrainedEncoder, ...)
+
+Nothing in folders/ imports architectures/; architectures/ import folders/, st_modules.py and encoding.py.
 """
 
 from __future__ import annotations
@@ -35,18 +39,19 @@ from pathlib import Path
 
 from torch import Tensor
 
-from .bert import PATHS, PretrainedEncoder, load_bert
-from .checkpoint import CheckpointError
+from .architectures.bert import PATHS, PretrainedEncoder, load_bert
+from .folders.checkpoint import CheckpointError
 from .coverage import FAMILIES, coverage_table
-from .modernbert_model import ModernBertEncoder
-from .rotary_bert import RotaryBertEncoder
-from .rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
-from .reranker import Reranker, load_reranker
-from .st_folder import read_folder, special_ids
+from .architectures.modernbert_model import ModernBertEncoder
+from .architectures.mpnet import MPNetEncoder
+from .architectures.rotary_bert import RotaryBertEncoder
+from .folders.rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
+from .architectures.reranker import Reranker, load_reranker
+from .folders.st_folder import read_folder, special_ids
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
-           "DEFAULT_SHA256", "ModernBertEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
+           "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Pooling", "SentenceHead", "PoolingModule",
            "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES", "coverage_table"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
@@ -77,10 +82,12 @@ def load_pretrained(folder: str | Path | None = None, *,
                     expected_sha256: str | None = None) -> PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder:
     """Load a Hugging Face-format folder (config.json, model.safetensors, tokenizer.json) into btlib modules.
 
-    model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.modernbert: packed
+    model_type "modernbert" gives a :class:`ModernBertEncoder` (btlib.pretrained.architectures.modernbert: packed
     tokens, RoPE, windowed local layers); "nomic_bert" (NomicBERT), "new" and "gte" (GTE) a
-    :class:`RotaryBertEncoder` (btlib.pretrained.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta,
-    distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder). A cross-encoder folder
+    :class:`RotaryBertEncoder` (btlib.pretrained.architectures.rotary_bert: post-LN, RoPE, GLU); bert, roberta, xlm-roberta,
+    distilbert, camembert and electra a :class:`PretrainedEncoder` (nn.TransformerEncoder); "mpnet" an
+    :class:`MPNetEncoder` (btlib.pretrained.architectures.mpnet: the same, plus MPNet's relative-position bias). A
+    JinaBERT folder is refused, saying why (remote code, no reference to check against). A cross-encoder folder
     (*ForSequenceClassification) loads here as its encoder, pooled as the folder says, as SentenceTransformer(folder)
     does; :func:`load_reranker` gives its scores. All have ``tokenize`` and
     ``encode(texts, batch_size=, path=, precision=)``.
@@ -90,7 +97,7 @@ def load_pretrained(folder: str | Path | None = None, *,
     Everything is verified (hash, config against every tensor's shape, tokenizer present) before
     a module is built: a mismatched folder raises CheckpointError, never a half-loaded model.
 
-    A sentence-transformers folder is read whole, as sentence-transformers 6.2 reads it (btlib.pretrained.st_folder):
+    A sentence-transformers folder is read whole, as sentence-transformers 6.2 reads it (btlib.pretrained.folders.st_folder):
     modules.json's Transformer, Pooling (every mode, include_prompt), Dense and Normalize, sentence_bert_config.json's
     max_seq_length and do_lower_case, config_sentence_transformers.json's prompts, default_prompt_name and
     truncate_dim; any other module type or option is refused by name. Without modules.json: mean pooling.
@@ -101,7 +108,7 @@ def load_pretrained(folder: str | Path | None = None, *,
         raise CheckpointError(f"{folder} is not a folder")
     plan = read_folder(folder)  # modules.json and the sentence-transformers configs, refused by name before any weight
     if not default and _model_type(plan.transformer_dir) == "modernbert":
-        from .modernbert import load_modernbert
+        from .architectures.modernbert import load_modernbert
 
         if plan.transformer_dir != folder:
             raise CheckpointError(f"{folder}: btlib's ModernBERT loader reads a Transformer at the folder's root, not in "
@@ -110,9 +117,13 @@ def load_pretrained(folder: str | Path | None = None, *,
         model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
         return model
     if not default and _model_type(plan.transformer_dir) in ROTARY_BERT_TYPES:  # NomicBERT, GTE
-        from .rotary_bert import load_rotary_bert
+        from .architectures.rotary_bert import load_rotary_bert
 
         return load_rotary_bert(plan, expected_sha256=expected_sha256)
+    if not default and _model_type(plan.transformer_dir) == "mpnet":
+        from .architectures.mpnet import load_mpnet
+
+        return load_mpnet(plan, expected_sha256=expected_sha256)
     return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
 
 

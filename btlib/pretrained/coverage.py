@@ -33,6 +33,7 @@ class Family:
 _BERT_LOW = ("fp32, bf16, int8; bf16: cosine > 0.999 to fp32, error <= 2x transformers' own bf16; int8: cosine >= 0.99 "
              "(tiny random folders; all-MiniLM-L6-v2: cosine >= 0.995)")
 _ST = "SentenceTransformer.encode (pooled as the folder says)"
+_ROTARY_LOW = "fp32, bf16; bf16: cosine > 0.999, error <= 2x transformers' own bf16 (int8: not offered)"
 
 FAMILIES: tuple[Family, ...] = (
     Family("bert", 'model_type "bert"', f"BertModel last_hidden_state; {_ST}; pairs with token types", 1e-5, _BERT_LOW,
@@ -52,6 +53,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("modernbert", 'model_type "modernbert"', f"ModernBertModel last_hidden_state (eager, sdpa); {_ST}", 1e-5,
            "fp32, bf16; bf16: cosine > 0.999, error <= 2x transformers' own bf16 (int8: not offered)",
            ("tests/test_modernbert.py", "tests/test_fuzz_folders.py")),
+    Family("nomic_bert", 'model_type "nomic_bert" (the published GPT-2 fields, or transformers\' own)',
+           "NomicBertModel last_hidden_state (RoPE bases 1000 and 10000; published and transformers-saved folders); "
+           "encode mean / CLS pooled, pairs with token types, a sentence-transformers folder with prompts", 1e-5,
+           _ROTARY_LOW, ("tests/test_rotary_bert.py",)),
+    Family("gte", 'model_type "new" (GTE v1.5\'s remote-code fields) or "gte" (transformers\' fields, or the remote '
+           "code's)", "GteModel last_hidden_state (rope_theta as given; NTK-scaled RoPE as the remote code computes it, "
+           "set into GteModel)", 1e-5, _ROTARY_LOW, ("tests/test_rotary_bert.py",)),
+    Family("mpnet", 'model_type "mpnet" (MPNetModel, MPNetForMaskedLM)',
+           f"MPNetModel last_hidden_state (lengths 1 to 200, past the bias table's max_distance 128); {_ST}, "
+           "paths packed and slow (fastpath, fastpath_nested refused)", 1e-5,
+           "fp32, bf16, int8; bf16: cosine > 0.999, error <= 2x transformers' own bf16; int8: cosine >= 0.99 "
+           "(tiny random folders)", ("tests/test_mpnet.py",)),
     Family("cross-encoder heads", "architectures Bert / Roberta / XLMRoberta / Camembert / Electra / "
            "DistilBert ForSequenceClassification: btlib.load_reranker",
            "*ForSequenceClassification logits (num_labels 1 and 3, truncated pairs); CrossEncoder.predict / rank", 1e-5,

@@ -12,8 +12,8 @@
 ``_forward_packed`` (its embeddings and layers on packed tokens), ``_token_ids`` (token types or not),
 and where it has them, PyTorch's padded paths (``_forward_padded``), an int8 twin (``int8_encoder``)
 and token id lists as texts (``_check_texts``, ``_prepare``); its ``PATHS`` and ``PRECISIONS`` say which.
-The two architectures: btlib.pretrained.bert (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder)
-and btlib.pretrained.modernbert_model (ModernBERT). Precision is checked and resolved once per call, here,
+The two architectures: btlib.pretrained.architectures.bert (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder)
+and btlib.pretrained.architectures.modernbert_model (ModernBERT). Precision is checked and resolved once per call, here,
 through btlib.precision; the slow-precision warnings name the class (``PretrainedEncoder.encode in bf16``).
 """
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..padding import packed_positions, segment_ids, segment_mean, segment_sum
-from .checkpoint import CheckpointError
+from .folders.checkpoint import CheckpointError
 
 __all__ = ["PoolingModule", "DenseModule", "NormalizeModule", "SentenceHead", "Pooling", "as_head", "HasHead", "MODULE_TYPES",
            "POOLING_MODES"]

@@ -93,6 +93,10 @@ def ray_embed_parquet(source: str | Path, dest: str | Path, *, concurrency: int 
     """
     ray = require("ray", "scale")
     ds = ray.data.read_parquet(str(source))
+    # Ray Data hands one block to one actor: a corpus in one file is one block, which left all but one actor idle
+    # (measured on 2 cores, 2 actors, 4096 texts: 93 texts/s steady, what one 1-thread actor does). A few blocks
+    # per actor, each still many batches, keep every actor busy to the end.
+    ds = ds.repartition(max(4 * concurrency, 1))
     pool = ray.data.ActorPoolStrategy(size=concurrency)  # Ray >= 2.51's spelling of concurrency=N for a class
     ds = ds.map_batches(CorpusEmbedder, fn_constructor_kwargs=embedder_kwargs, compute=pool, batch_size=batch_size)
     ds = ds.materialize()

@@ -1,4 +1,4 @@
-"""Hugging Face-format checkpoints (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA) <-> nn.TransformerEncoder weights.
+"""Hugging Face-format checkpoints (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT, ELECTRA, MPNet) <-> nn.TransformerEncoder weights.
 
 A folder with ``config.json`` and ``model.safetensors`` is read with the ``safetensors`` package
 only (no transformers). Each Hugging Face layer maps onto one nn.TransformerEncoderLayer:
@@ -14,6 +14,10 @@ DistilBERT names the same tensors q_lin/k_lin/v_lin, out_lin, sa_layer_norm, ffn
 output_layer_norm. CamemBERT is RoBERTa's layout under its own model_type. ELECTRA (the discriminator,
 ElectraModel) is BERT's layers behind embeddings of width ``embedding_size``, with a linear
 ``embeddings_project`` (embedding_size -> hidden_size) after their LayerNorm where the two differ.
+MPNet (MPNetModel) is RoBERTa's embeddings without token types and BERT's layers under the names
+attention.attn.{q,k,v,o}, attention.LayerNorm, intermediate.dense, output.dense, output.LayerNorm, plus one
+encoder.relative_attention_bias (buckets, H) that every layer's attention adds (btlib.pretrained.architectures.mpnet;
+kept beside the position table as ``embeddings.relative``).
 Every tensor of the file is accounted for: mapped, or kept aside untouched (pooler, heads, buffers)
 so that :func:`to_hf_state_dict` gives the file back key for key, bit for bit. The whole file is
 checked against the config *before* anything is built.
@@ -38,6 +42,9 @@ older files may also carry ``position_embedding_type``). btlib honours a field, 
                                                    (transformers': cumsum of id != pad, + pad; a literal <pad> in a
                                                    text keeps position pad, as there)
     position_embedding_type                        "absolute" honoured; relative_key(_query) refused
+    architectures JinaBert*, auto_map naming       refused, saying why: JinaBERT (jina-embeddings-v2; "alibi"
+      jinaai/jina-bert-implementation, or          positions, GLU feed-forward) is remote code with no class in
+      model_type "jina_bert"                       transformers 5.23, so nothing here can check a version of it
     is_decoder                                     refused when true (causal self-attention)
     add_cross_attention, is_encoder_decoder        refused when true (a decoder / seq2seq model)
     pruned_heads                                   refused when non-empty (heads of unequal count per layer)
@@ -47,6 +54,11 @@ older files may also carry ``position_embedding_type``). btlib honours a field, 
                                                    file holds the values used
     *dropout* (hidden, attention, classifier, qa,  cannot matter: inference runs without dropout
       seq_classif), initializer_range
+    relative_attention_num_buckets (MPNet)         32 honoured (default); any other value refused: transformers 5.23's
+                                                   MPNetEncoder buckets offsets into 32 (max_distance 128) whatever the
+                                                   table's size, so another size has no reference to check against
+    pad_token_id (MPNet)                           cannot matter: transformers 5.23's MPNetEmbeddings counts positions
+                                                   from padding_idx 1 + 1 whatever the config says, and btlib does too
     dtype / torch_dtype                            weights read as stored, computed in fp32 (exact upcast)
     use_cache, bos/eos_token_id, tie_word_embeddings, num_labels, id2label, problem_type,
       output_*, return_dict, _attn_implementation  cannot matter for the encoder's hidden states
@@ -87,6 +99,7 @@ class CheckpointSpec:
     pad_token_id: int
     position_offset: int       # RoBERTa counts positions from pad_token_id + 1; BERT from 0
     embedding_size: int = 0    # ELECTRA's embedding width when it differs from d_model (then projected); 0: d_model
+    relative_buckets: int = 0  # MPNet: rows of the relative-position table every layer adds; 0: no such table
 
     @property
     def embedding_dim(self) -> int:
@@ -94,7 +107,7 @@ class CheckpointSpec:
         return self.embedding_size or self.d_model
 
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra")
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "mpnet")
 ROBERTA_LAYOUT = ("roberta", "xlm-roberta", "camembert")  # positions from pad_token_id + 1, prefix "roberta."
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # what PretrainedEncoder builds
 
@@ -140,11 +153,29 @@ def need_positive_int(c: dict, key: str, where: object, kind: str) -> int:
     return c[key]
 
 
+def _jina_bert(c: dict) -> str | None:
+    """What marks config ``c`` as JinaBERT (jina-embeddings-v2, jina-reranker-v1), or None. Its folders say model_type
+    "bert" (or "jina_bert") with position_embedding_type "alibi", architectures JinaBert*, and an auto_map naming
+    jinaai/jina-bert-implementation's code."""
+    arch = [a for a in c.get("architectures") or [] if isinstance(a, str) and a.startswith("JinaBert")]
+    code = [v for v in (c.get("auto_map") or {}).values() if isinstance(v, str) and "jina-bert" in v.lower()]
+    if c.get("model_type") == "jina_bert" or arch or code:
+        return ", ".join([f"model_type {c.get('model_type')!r}"] + [f"architectures {arch}"] * bool(arch)
+                         + [f"auto_map {code}"] * bool(code))
+    return None
+
+
 def read_spec(folder: Path) -> CheckpointSpec:
     """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
     unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
     c, cfg_path = read_config(folder)
     kind = c.get("model_type")
+    if (jina := _jina_bert(c)) is not None:
+        raise CheckpointError(
+            f"{cfg_path} is a JinaBERT model ({jina}): its network (ALiBi attention, a GLU feed-forward) is remote "
+            "code, not part of transformers 5.23, so btlib has no reference to check a version of its own against and "
+            "loads none. Run it with transformers (AutoModel.from_pretrained(folder, trust_remote_code=True)) or "
+            "sentence-transformers")
     if kind not in MODEL_TYPES:
         raise CheckpointError(f"model_type {kind!r} is not supported; btlib loads {', '.join(MODEL_TYPES)} "
                               "and modernbert encoders")
@@ -159,6 +190,8 @@ def read_spec(folder: Path) -> CheckpointSpec:
     roberta = kind in ROBERTA_LAYOUT
     vocab, max_positions = need("vocab_size"), need("max_position_embeddings")
     pad = c.get("pad_token_id", 1 if roberta else 0)  # transformers' defaults
+    if kind == "mpnet":
+        pad, roberta = 1, True  # MPNetEmbeddings' padding_idx is 1 whatever pad_token_id says; positions from 2
     if pad is None and not roberta:
         pad = 0  # BERT and DistilBERT use pad_token_id only to fill padding, which attention never sees
     if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < vocab:
@@ -174,6 +207,16 @@ def read_spec(folder: Path) -> CheckpointSpec:
     eps = c.get("layer_norm_eps", 1e-12)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
         raise CheckpointError(f"{cfg_path}: layer_norm_eps must be a finite number >= 0 (e.g. 1e-12); got {eps!r}")
+    if kind == "mpnet":
+        buckets = c.get("relative_attention_num_buckets", 32)
+        if buckets != 32:
+            raise CheckpointError(f"{cfg_path} describes a model btlib cannot reproduce exactly:\n  "
+                                  f"relative_attention_num_buckets={buckets!r} (transformers 5.23's MPNetEncoder buckets "
+                                  "offsets into 32 whatever the table's size, so only 32 has a reference)\n"
+                                  "Run it with transformers instead")
+        return CheckpointSpec(kind, need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads"),
+                              need("intermediate_size"), c.get("hidden_act", "gelu"), float(eps), vocab, max_positions,
+                              0, pad, offset, relative_buckets=buckets)
     # type_vocab_size 0 builds an empty token-type table that transformers 5.23 then indexes (index_select error)
     type_vocab = need_positive_int({"type_vocab_size": 2, **c}, "type_vocab_size", cfg_path, kind)
     d = need("hidden_size")
@@ -232,6 +275,14 @@ def layer_keys(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dict[str, s
         names = {"q": "attention.q_lin", "k": "attention.k_lin", "v": "attention.v_lin", "out_proj": "attention.out_lin",
                  "norm1": "sa_layer_norm", "linear1": "ffn.lin1", "linear2": "ffn.lin2", "norm2": "output_layer_norm"}
         stem = f"{p}transformer.layer."
+    elif spec.model_type == "mpnet":
+        emb = {"word": f"{p}embeddings.word_embeddings.weight", "position": f"{p}embeddings.position_embeddings.weight",
+               "relative": f"{p}encoder.relative_attention_bias.weight"}
+        emb["norm.weight"], emb["norm.bias"] = _ln(sd, f"{p}embeddings.LayerNorm")
+        names = {"q": "attention.attn.q", "k": "attention.attn.k", "v": "attention.attn.v", "out_proj": "attention.attn.o",
+                 "norm1": "attention.LayerNorm", "linear1": "intermediate.dense", "linear2": "output.dense",
+                 "norm2": "output.LayerNorm"}
+        stem = f"{p}encoder.layer."
     else:
         emb = {"word": f"{p}embeddings.word_embeddings.weight", "position": f"{p}embeddings.position_embeddings.weight"}
         if spec.type_vocab_size:
@@ -261,6 +312,8 @@ def check_against_spec(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dic
             emb["norm.weight"]: (e,), emb["norm.bias"]: (e,)}
     if "token_type" in emb:
         want[emb["token_type"]] = (spec.type_vocab_size, e)
+    if "relative" in emb:
+        want[emb["relative"]] = (spec.relative_buckets, spec.nhead)
     if "project.weight" in emb:
         want[emb["project.weight"]], want[emb["project.bias"]] = (d, e), (d,)
     for keys in layers:
@@ -272,7 +325,7 @@ def check_against_spec(sd: dict[str, Tensor], spec: CheckpointSpec) -> tuple[dic
     if d % spec.nhead:
         problems.append(f"hidden size {d} is not divisible by {spec.nhead} heads")
     extra_layer = any(k.startswith(("encoder.layer.", "bert.encoder.layer.", "roberta.encoder.layer.", "transformer.layer.",
-                                     "distilbert.transformer.layer.", "electra.encoder.layer."))
+                                     "distilbert.transformer.layer.", "electra.encoder.layer.", "mpnet.encoder.layer."))
                       and f".{spec.num_layers}." in k for k in sd)
     if extra_layer:
         problems.append(f"the file has more than the {spec.num_layers} layers config.json declares")

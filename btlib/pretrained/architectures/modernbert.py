@@ -10,7 +10,7 @@ The published checkpoints (answerdotai/ModernBERT-base / -large, ModernBertForMa
 unchanged: their encoder lives under ``model.``; ``head.*`` and ``decoder.*`` (the masked-LM head)
 are kept aside, untouched, for :func:`btlib.to_hf_state_dict`. A ModernBertModel folder (no prefix,
 as sentence-transformers saves embedding models) loads the same way. Everything is checked before
-a module is built (config fields: see btlib.pretrained.modernbert_config; every tensor's presence
+a module is built (config fields: see btlib.pretrained.folders.modernbert_config; every tensor's presence
 and shape; no encoder tensor left unexplained): a folder btlib cannot reproduce exactly raises
 CheckpointError naming the field or tensor, never a half-loaded model.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, read_state_dict, verify_sha256
-from .modernbert_config import check_modernbert_tensors, read_modernbert_spec
+from ..folders.checkpoint import CheckpointError, read_state_dict, verify_sha256
+from ..folders.modernbert_config import check_modernbert_tensors, read_modernbert_spec
 from .modernbert_model import ModernBertEncoder
-from .st_folder import folder_tokenizer, sentence_head
+from ..folders.st_folder import folder_tokenizer, sentence_head
 
 __all__ = ["load_modernbert"]
 

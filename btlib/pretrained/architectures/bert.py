@@ -28,16 +28,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..observe import run_slow
-from ..models.encoder import dense_twin
-from ..packed_encoder import PackedEncoder
-from ..padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
-from ..precision import SlowPrecisionWarning
-from .checkpoint import CheckpointSpec, check_against_spec, read_spec, read_state_dict, verify_sha256
-from .encoding import PackedTokens, SentenceEncoder, pack_ids
-from .st_folder import FolderPlan, passes_token_types, special_ids
-from .st_folder import tokenizer as st_tokenizer
-from .st_modules import Pooling, SentenceHead
+from ...observe import run_slow
+from ...models.encoder import dense_twin
+from ...packed_encoder import PackedEncoder
+from ...padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
+from ...position_bias import PositionBias
+from ...precision import SlowPrecisionWarning
+from ..folders.checkpoint import (CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict,
+                                 verify_sha256)
+from ..encoding import PackedTokens, SentenceEncoder, pack_ids
+from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
+from ..folders.st_folder import tokenizer as st_tokenizer
+from ..st_modules import Pooling, SentenceHead
 
 __all__ = ["PretrainedEncoder", "PATHS", "Embeddings", "load_bert"]
 
@@ -55,7 +57,10 @@ def _activation(name: str):
 
 
 class Embeddings(nn.Module):
-    """word + position + token type embeddings, then LayerNorm; ELECTRA's then a linear projection to d_model."""
+    """word + position + token type embeddings, then LayerNorm; ELECTRA's then a linear projection to d_model.
+
+    MPNet's relative-position table (buckets, H) is kept here as ``relative``, beside the absolute one: forward does
+    not use it; every layer's attention adds it (btlib.pretrained.architectures.mpnet)."""
 
     def __init__(self, spec: CheckpointSpec):
         super().__init__()
@@ -65,6 +70,7 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(spec.type_vocab_size, e) if spec.type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=spec.layer_norm_eps)
         self.project = nn.Linear(e, spec.d_model) if e != spec.d_model else None  # ELECTRA's embeddings_project
+        self.relative = nn.Embedding(spec.relative_buckets, spec.nhead) if spec.relative_buckets else None
 
     def forward(self, ids: Tensor, positions: Tensor, types: Tensor | None = None) -> Tensor:
         """ids, positions (rows of the position table), types (None: 0 everywhere): same shape, int64 -> (..., d)."""
@@ -144,13 +150,18 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         if dtype not in self._packed:
             with warnings.catch_warnings():  # encode() has said it already, naming itself
                 warnings.simplefilter("ignore", SlowPrecisionWarning)
-                self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype)
+                self._packed[dtype] = PackedEncoder.from_module(self.encoder, dtype=None if dtype == torch.float32 else dtype,
+                                                                bias=self.position_bias())
         return self._packed[dtype]
+
+    def position_bias(self) -> PositionBias | None:
+        """The bias every layer's attention adds to its scores (MPNet's relative positions); None: BERT has none."""
+        return None
 
     def int8_encoder(self) -> PackedEncoder:
         """The int8 twin of :meth:`packed_encoder` (btlib.smoothquant.quantize_auto on its CALIBRATION_TEXTS); cached."""
         if self._int8 is None:
-            from ..smoothquant import CALIBRATION_TEXTS, quantize_auto
+            from ...smoothquant import CALIBRATION_TEXTS, quantize_auto
 
             with torch.inference_mode():
                 batch = self._packed_inputs(self.tokenize(CALIBRATION_TEXTS))
@@ -181,17 +192,25 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         tt = None if types is None else torch.tensor([s + [0] * (T - len(s)) for s in types], dtype=torch.int64)
         x = self.embeddings(tokens, self.positions(tokens), tt)
         enc = self.encoder if path == "fastpath_nested" else dense_twin(self.encoder)
-        h = run_slow(enc, x, src_key_padding_mask=pad) if path == "slow" else enc(x, src_key_padding_mask=pad)  # (B, T, d)
+        masks = self._padded_masks(pad)
+        h = run_slow(enc, x, **masks) if path == "slow" else enc(x, **masks)  # (B, T, d)
         real = pack(h, lengths)
         return real.tokens, real.cu_seqlens
 
+    def _padded_masks(self, pad: Tensor) -> dict[str, Tensor]:
+        """nn.TransformerEncoder's mask arguments for a padded batch, pad (B, T) True at padding: the padding mask
+        (an architecture that adds a bias to the scores gives its own ``mask`` instead)."""
+        return {"src_key_padding_mask": pad}
 
-def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> PretrainedEncoder:
+
+def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
+              cls: type[PretrainedEncoder] = PretrainedEncoder) -> PretrainedEncoder:
     """The BERT-family Transformer of a read folder (plan.transformer_dir) as a :class:`PretrainedEncoder`.
 
     expected_sha256: model.safetensors' hash, checked first. Config, every tensor's shape and the tokenizer are
     checked before the module is built (CheckpointError saying what to fix); the tensors the encoder does not use
-    are kept aside, untouched, for btlib.to_hf_state_dict.
+    are kept aside, untouched, for btlib.to_hf_state_dict. cls: the class built (MPNet's loader passes
+    MPNetEncoder, this module's subclass that adds the relative-position bias).
     """
     src = plan.transformer_dir
     if expected_sha256:
@@ -202,7 +221,10 @@ def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> Pretra
     head = plan.head(spec.d_model)
     tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
 
-    model = PretrainedEncoder(spec, tokenizer, max_length, head, prompts=plan.prompts,
+    if bool(spec.relative_buckets) != bool(getattr(cls, "HAS_RELATIVE_BIAS", False)):
+        raise CheckpointError(f"{src}: a {spec.model_type} folder is loaded by btlib.load_pretrained, which picks the "
+                              f"encoder class for it; load_bert(cls={cls.__name__}) cannot add its relative positions")
+    model = cls(spec, tokenizer, max_length, head, prompts=plan.prompts,
                               default_prompt_name=plan.default_prompt_name,
                               token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))
     mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import gemm
-from ..attention import varlen_attention
-from ..kernels.registry import Kernel, window_kwargs
-from .modernbert_config import ModernBertSpec
+from ... import gemm
+from ...attention import varlen_attention
+from ...kernels.registry import Kernel, window_kwargs
+from ..folders.modernbert_config import ModernBertSpec
 
 __all__ = ["ModernBertLayer", "ModernBertEmbeddings", "rope_tables", "apply_rope", "activation"]
 
@@ -54,7 +54,7 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float, divisor: float =
     inv_freq and the angles are computed exactly as ModernBertRotaryEmbedding does (fp32), so fp32
     results agree to the last bits. transformers repeats the table to (total, Dh); both halves of a
     head use the same angles, so half the table is all the rotation needs. divisor: inv_freq / divisor
-    afterwards, as GTE's fixed NTK scaling does it (btlib.pretrained.rotary_bert_config); 1.0 leaves it.
+    afterwards, as GTE's fixed NTK scaling does it (btlib.pretrained.folders.rotary_bert_config); 1.0 leaves it.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # (Dh/2,)
     if divisor != 1.0:

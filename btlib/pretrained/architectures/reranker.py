@@ -4,7 +4,7 @@
     scores = reranker.predict([("what is packing?", "Packing drops the padding."), ...])  # (N,), as CrossEncoder
     reranker.rank("what is packing?", ["doc a", "doc b"], top_k=1)     # [(index, score)], best first
 
-The encoder is the BERT family's :class:`~btlib.pretrained.bert.PretrainedEncoder` (load_bert: the same
+The encoder is the BERT family's :class:`~btlib.pretrained.architectures.bert.PretrainedEncoder` (load_bert: the same
 spec, key mapping and checks), run on packed pairs: [CLS] q [SEP] d [SEP] (RoBERTa: <s> q </s></s> d </s>),
 token types where the tokenizer hands them to the model, truncation longest-first to the tokenizer's
 max length, as transformers' tokenizer(pairs, truncation=True). The head reads the first token of each
@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .bert import PretrainedEncoder, load_bert
-from .checkpoint import ROBERTA_LAYOUT, CheckpointError, read_config
-from .encoding import check_encode_args, pack_ids
-from .st_folder import FolderPlan
+from ..folders.checkpoint import ROBERTA_LAYOUT, CheckpointError, read_config
+from ..encoding import check_encode_args, pack_ids
+from ..folders.st_folder import FolderPlan
 
 __all__ = ["Reranker", "load_reranker", "HEADS", "ACTIVATIONS"]
 

@@ -9,14 +9,14 @@ One layer, on x (total, d) packed tokens (transformers 5.23's NomicBertLayer / G
 
     q, k, v = (x Wqkv^T).chunk(3)          (total, H, Dh) each; GTE: with biases, NomicBERT: none   6 d^2 FLOPs/token
     q, k = rope(q, p), rope(k, p)          p = position inside its own sequence; base rope_theta (NTK-scaled for
-                                           GTE v1.5: btlib.pretrained.rotary_bert_config)
+                                           GTE v1.5: btlib.pretrained.folders.rotary_bert_config)
     o = varlen_attention(q, k, v, cu_seqlens, max_seqlen)
     x = attn_norm(x + o Wo^T)              post-LN, as BERT                                           2 d^2
     g, u = (x Wi^T).chunk(2)               Wi = gate | up, no bias (SwiGLU for NomicBERT, GeGLU for GTE) 4 d f
     x = mlp_norm(x + (act(g) * u) Wdown^T)                                                             2 d f
 
 The embeddings are the word table, plus the token type table where the config has one, then LayerNorm: no position
-table (positions enter through RoPE, ModernBERT's helpers btlib.pretrained.modernbert_layers.rope_tables /
+table (positions enter through RoPE, ModernBERT's helpers btlib.pretrained.architectures.modernbert_layers.rope_tables /
 apply_rope, which this module imports rather than repeats). Parity is against transformers' NomicBertModel / GteModel
 on random-weight folders (tests/test_rotary_bert.py), not against the Hub's remote code, which cannot be run here.
 Precisions: fp32 and bf16 (a cached bf16 copy of the layers); int8 is refused (btlib.quant's int8 twin is built for
@@ -32,18 +32,18 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from .. import gemm
-from ..kernels import registry
-from ..kernels.registry import Kernel
-from ..packed_encoder import _select_varlen
-from ..padding import check_cu_seqlens, packed_positions
-from ..precision import PRECISIONS, check_precision, resolve_dtype
-from .checkpoint import CheckpointError, read_config, read_state_dict, verify_sha256
-from .encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
+from ... import gemm
+from ...kernels import registry
+from ...kernels.registry import Kernel
+from ...packed_encoder import _select_varlen
+from ...padding import check_cu_seqlens, packed_positions
+from ...precision import PRECISIONS, check_precision, resolve_dtype
+from ..folders.checkpoint import CheckpointError, read_config, read_state_dict, verify_sha256
+from ..encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
 from .modernbert_layers import _residual, activation, apply_rope, rope_tables
-from .rotary_bert_config import RotaryBertSpec, spec_from_config, tensor_plan
-from .st_folder import FolderPlan, passes_token_types, special_ids
-from .st_folder import tokenizer as st_tokenizer
+from ..folders.rotary_bert_config import RotaryBertSpec, spec_from_config, tensor_plan
+from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
+from ..folders.st_folder import tokenizer as st_tokenizer
 
 __all__ = ["RotaryBertEncoder", "load_rotary_bert"]
 
@@ -210,7 +210,7 @@ class RotaryBertEncoder(SentenceEncoder, nn.Module):
 def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> RotaryBertEncoder:
     """The NomicBERT / GTE Transformer of a read folder (plan.transformer_dir) as a :class:`RotaryBertEncoder`.
 
-    Config (btlib.pretrained.rotary_bert_config's tables), every tensor's presence and shape, and the tokenizer are
+    Config (btlib.pretrained.folders.rotary_bert_config's tables), every tensor's presence and shape, and the tokenizer are
     checked before a module is built: CheckpointError saying what to fix, never a half-loaded model. Tensors the
     encoder does not use (a pooler, a masked-LM head) are kept aside, untouched, for btlib.to_hf_state_dict.
     """

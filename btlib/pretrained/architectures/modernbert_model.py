@@ -34,15 +34,15 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from .. import gemm
-from ..kernels import registry
-from ..packed_encoder import _select_varlen
-from ..kernels.registry import Kernel
-from ..padding import check_cu_seqlens, packed_positions
-from ..precision import PRECISIONS, check_precision, resolve_dtype
-from .encoding import PackedTokens, SentenceEncoder, pack_ids
-from .st_modules import Pooling
-from .modernbert_config import ModernBertSpec, spec_from_config
+from ... import gemm
+from ...kernels import registry
+from ...packed_encoder import _select_varlen
+from ...kernels.registry import Kernel
+from ...padding import check_cu_seqlens, packed_positions
+from ...precision import PRECISIONS, check_precision, resolve_dtype
+from ..encoding import PackedTokens, SentenceEncoder, pack_ids
+from ..st_modules import Pooling
+from ..folders.modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
 
 __all__ = ["ModernBertEncoder", "MODERNBERT_PATHS"]

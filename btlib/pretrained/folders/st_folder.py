@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import CheckpointError
-from .st_modules import MODULE_TYPES, PoolingModule, SentenceHead, read_json
+from ..st_modules import MODULE_TYPES, PoolingModule, SentenceHead, read_json
 
 __all__ = ["FolderPlan", "read_folder", "tokenizer", "special_ids", "passes_token_types", "sentence_head", "folder_tokenizer"]
 

@@ -8,7 +8,9 @@ Both are post-LN BERTs with rotary positions and a gated (GLU) feed-forward, no 
 
 Each is read in two forms: the published one (the Hub folders' remote code; model_type "nomic_bert" with GPT-2
 field names, or "new") and the one transformers 5.23 writes (NomicBertConfig, GteConfig: model_type "nomic_bert"
-with BERT field names, or "gte"). The reference for every field below is transformers 5.23's NomicBertModel /
+with BERT field names, or "gte" with ``rope_parameters``). A "gte" config without ``rope_parameters`` carries the
+remote code's fields (rope_theta, rope_scaling, ...: snowflake-arctic-embed-m-v2.0 names its remote-code config
+"gte") and is read as "new". The reference for every field below is transformers 5.23's NomicBertModel /
 GteModel (their conversion_mapping.py names the published tensors) and, for what transformers does not read (the
 GPT-2 names, NTK scaling), the remote code as vLLM's bert_with_rope.py and NTKScalingRotaryEmbedding reproduce it.
 A field btlib does not know is ignored: the tables are the list.
@@ -42,12 +44,12 @@ NomicBERT, transformers form / GTE (both forms)
     head_dim                                   refused unless hidden_size / num_attention_heads
     rope_parameters / rope_theta               transformers form: rope_type "default" only, its rope_theta
                                                (defaults: NomicBERT 1000, GTE 160000)
-    rope_theta, rope_scaling ("new")           rope_theta required; rope_scaling null, or {"type": "ntk", "factor": f}:
+    rope_theta, rope_scaling (the remote form) rope_theta required; rope_scaling null, or {"type": "ntk", "factor": f}:
                                                fixed NTK scaling as the remote code's NTKScalingRotaryEmbedding
                                                (base theta * f, inverse frequencies / f^(2 / Dh), whenever f > 1);
                                                mixed_b (mixed NTK) and other types refused
-    layer_norm_type, position_embedding_type   "new": must be "layer_norm" and "rope" (required)
-    logn_attention_scale, pack_qkv             "new": must be false / true (absent: the same)
+    layer_norm_type, position_embedding_type   remote form: must be "layer_norm" and "rope" (required)
+    logn_attention_scale, pack_qkv             remote form: must be false / true (absent: the same)
     unpad_inputs, use_memory_efficient_...,    cannot matter: how the remote code runs, not what it computes
       *dropout*, initializer_range, pad/bos/eos
 """
@@ -156,8 +158,8 @@ def _rope_native(c: dict, family: str, refused: list[str]) -> float:
         return 0.0
     for name, p in (("rope_parameters", params), ("rope_scaling", legacy or {})):
         if not isinstance(p, dict) or p.get("rope_type", p.get("type", "default")) != "default":
-            refused.append(f"{name}={p!r} (btlib implements rope_type 'default' for model_type "
-                           f"{c.get('model_type')!r}; the remote code's 'ntk' is read from model_type 'new')")
+            refused.append(f"{name}={p!r} (btlib implements rope_type 'default' in transformers' form; the remote "
+                           "code's 'ntk' is read from a GTE config without rope_parameters)")
     theta = params.get("rope_theta", c.get("rope_theta", _ROPE_DEFAULTS[family]))
     if not _is_positive_number(theta):
         refused.append(f"rope_theta={theta!r} (the RoPE base must be a positive number)")
@@ -206,7 +208,7 @@ def spec_from_config(c: dict, where: str = "config.json") -> RotaryBertSpec:
             refused.append(f"hidden_act={f['activation']!r} (btlib supports {', '.join(ACTIVATIONS)})")
         if not _is_positive_number(f["norm_eps"]):
             refused.append(f"layer_norm_eps={f['norm_eps']!r} (must be a positive number)")
-        if model_type == "new":
+        if family == "gte" and "rope_parameters" not in c:  # "new", or "gte" with the remote code's fields
             f["rope_theta"], f["ntk_factor"] = _gte_published_rope(c, refused)
         else:
             f["rope_theta"], f["ntk_factor"] = _rope_native(c, family, refused), 1.0
