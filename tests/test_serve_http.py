@@ -128,6 +128,26 @@ def test_api_key_and_overload_answer_401_and_429(model):
         running.stop()
 
 
+def test_api_key_middleware_exists_only_with_a_key_and_answers_each_api_its_401(model):
+    """No key: no middleware at all (nothing runs per request). A key: 401 in the route's API shape without it or with
+    a wrong one, on every route but /health; 200 with it."""
+    from btlib.serve.app import create_app
+
+    with BatchEncoder(model) as batcher:
+        assert create_app(batcher).user_middleware == []
+    message = "missing or wrong API key: send Authorization: Bearer <key>"
+    with running_app(model, api_key="s3cret") as server, client_of(server) as c:
+        r = c.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert r.json() == {"error": {"message": message, "type": "authentication_error", "code": 401}}
+        r = c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret2"})
+        assert r.status_code == 401 and r.json() == {"error": message, "error_type": "authentication_error"}
+        assert c.get("/metrics", headers={"Authorization": "s3cret"}).status_code == 401
+        assert c.get("/health").json() == {"status": "ok"}
+        r = c.post("/embed", json={"inputs": "hello"}, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
+
+
 def test_sigterm_answers_every_accepted_request(tmp_path):
     """python -m btlib.serve on a free port: 12 passage requests accepted, SIGTERM, and all 12 still get 200."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

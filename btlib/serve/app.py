@@ -81,12 +81,35 @@ class _HTTPError(Exception):
         self.status, self.message, self.kind, self.headers = status, message, kind, headers
 
 
-def _error_response(request: Request, status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
-    if request.url.path.startswith("/v1/"):
+def _error_response(path: str, status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    """The error in the shape of the route's API: OpenAI's under /v1/, TEI's elsewhere."""
+    if path.startswith("/v1/"):
         body = {"error": {"message": message, "type": kind, "code": status}}
     else:
         body = {"error": message, "error_type": kind}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _APIKey:
+    """ASGI middleware: every HTTP route but /health answers 401 unless ``Authorization: Bearer <api_key>`` is sent.
+
+    A plain ASGI class, added only when a key is set: Starlette's BaseHTTPMiddleware (``@app.middleware("http")``)
+    runs each request through a task group and memory streams: with no key to check it cost 0.33 ms of server CPU
+    per POST /v1/embeddings (1.10 -> 0.77 ms without it; GET /health 0.37 -> 0.23 ms; 2-core Intel Xeon).
+    The header's bytes are compared in constant time (secrets.compare_digest) with the key's UTF-8 bytes.
+    """
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = _error_response(scope["path"], 401, "missing or wrong API key: send Authorization: Bearer <key>",
+                                           "authentication_error", {"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -122,20 +145,14 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return _error_response(request, 422, _validation_message(exc), "invalid_request_error")
+        return _error_response(request.url.path, 422, _validation_message(exc), "invalid_request_error")
 
     @app.exception_handler(_HTTPError)
     async def _http_error(request: Request, exc: _HTTPError):
-        return _error_response(request, exc.status, exc.message, exc.kind, exc.headers)
+        return _error_response(request.url.path, exc.status, exc.message, exc.kind, exc.headers)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error_response(request, 401, "missing or wrong API key: send Authorization: Bearer <key>",
-                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(_APIKey, api_key=api_key)
 
     reranker = getattr(batcher.model, "scores_pairs", False)  # a PairScorer (or a wrapper forwarding its attributes)
 
