@@ -93,6 +93,20 @@ def test_malformed_json_and_tei_truncation(client, model):
     assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode([long]))
 
 
+def test_bodies_must_be_json_and_openapi_still_describes_them(client, model):
+    """The POST routes parse their own bodies (btlib.serve.app._parse): FastAPI's content types, a 422 for the rest."""
+    r = client.post("/v1/embeddings", content=b'{"input": "x"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]["message"]
+    r = client.post("/embed", content=b'{"inputs": "hello"}', headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
+    r = client.post("/v1/embeddings", content=b'[1, 2]', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["message"] == "malformed request body: body: send a JSON object"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/embeddings", "/embed", "/rerank", "/health", "/metrics"} <= set(paths)
+    body = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["input"] and body["properties"]["encoding_format"]["enum"] == ["float", "base64"]
+
+
 def test_api_key_and_overload_answer_401_and_429(model):
     """A gated model holds the worker; the queue (4 texts) fills; the next request gets 429 with Retry-After."""
     from btlib.serve.app import create_app, start_server
