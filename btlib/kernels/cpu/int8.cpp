@@ -275,11 +275,15 @@ void requantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w,
 
 }  // namespace
 
+// All three release the GIL while they run, as gemm.cpp's linear and PyTorch's own ops do: they touch no Python object
+// (pybind11 converts the arguments before the guard and the result after it), and holding the GIL through a pass
+// kept a server's event loop thread waiting for as long.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 of x * a: (q (M, K) int8, or uint8 q + 128 if u8, "
-        "s (M, 1) float32)", py::arg("x"), py::arg("a"), py::arg("u8") = false);
+        "s (M, 1) float32)", py::arg("x"), py::arg("a"), py::arg("u8") = false, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, "y (M, N) float32 = act(acc (M, N) int32 or float32 * s (M, 1) * w (N,) + b (N,)) "
-        "+ r (M, N); w, b, r: tensors or empty; act 0/1/2: none/GELU/ReLU");
+        "+ r (M, N); w, b, r: tensors or empty; act 0/1/2: none/GELU/ReLU", py::call_guard<py::gil_scoped_release>());
   m.def("requantize", &requantize, "dequantize's act(acc * s * w + b), quantized per row as quantize_rows(., a, u8) "
-        "into q (M, N) and s_out (M, 1) without a float write; w, b, a: tensors or empty");
+        "into q (M, N) and s_out (M, 1) without a float write; w, b, a: tensors or empty",
+        py::call_guard<py::gil_scoped_release>());
 }
