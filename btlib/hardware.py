@@ -59,7 +59,7 @@ from . import _torch_private as tp
 from .gemm_measure import TOKENS
 from .hardware_cache import FIELDS, read_cache, write_cache
 
-__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "measure_rates", "cache_file", "isa", "runnable",
+__all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "amx", "measure_rates", "cache_file", "isa", "runnable",
            "ISAS", "use_gemm", "int8_gemm_gflops"]
 
 _VERSION = 6  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
@@ -162,6 +162,37 @@ def bf16_native() -> tuple[bool, str]:
             return native, f"sysctl hw.optional.arm.FEAT_BF16 = {int(native)}"
         return ("bf16" in flags), ("bf16 in /proc/cpuinfo Features" if "bf16" in flags else "no bf16 in /proc/cpuinfo Features")
     return False, f"no bf16 detection for {platform.system()} {platform.machine()}"
+
+
+@functools.cache
+def _amx_granted() -> tuple[bool, str]:
+    """Ask Linux once for this process's AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA))."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False, f"AMX tiles are used only on x86_64 Linux, not {platform.system()} {platform.machine()}"
+    flags = _flags()
+    if not {"amx_tile", "amx_bf16"} <= flags:
+        return False, "no amx_tile / amx_bf16 in /proc/cpuinfo"
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18  # x86_64 syscall number, <asm/prctl.h>
+    if libc.syscall(ctypes.c_long(sys_arch_prctl), ctypes.c_long(req_xcomp_perm), ctypes.c_long(xfeature_xtiledata)) != 0:
+        return False, (f"Linux refused the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM): {os.strerror(ctypes.get_errno())}; "
+                       "Linux 5.16 or later grants it)")
+    return True, "amx_tile and amx_bf16 in /proc/cpuinfo, tile state granted by Linux"
+
+
+def amx() -> tuple[bool, str]:
+    """(usable?, why): can this process run bf16 on AMX tiles (Intel Xeon since Sapphire Rapids).
+
+    True when /proc/cpuinfo lists amx_tile and amx_bf16 and Linux grants the process the 8 KiB of tile state
+    (asked once; without the grant the first tile instruction kills the process). BTLIB_ASSUME_NO_BF16=1
+    makes it False, as it does :func:`bf16_native`.
+    """
+    if os.environ.get("BTLIB_ASSUME_NO_BF16", "").lower() in ("1", "true", "yes"):
+        return False, "BTLIB_ASSUME_NO_BF16=1"
+    return _amx_granted()
 
 
 # The builds of btlib's C++ kernels (btlib.kernels.cpu.build holds each one's compiler flags), and the

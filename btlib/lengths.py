@@ -105,17 +105,30 @@ class PaddingStats:
         return 1.0 / (1.0 - self.padding_fraction)
 
 
-def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1) -> float:
+def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1, *, glu: bool = False,
+                  window: tuple[int, int] | None = None, local_layers: int = 0, causal: bool = False,
+                  attn_width: int | None = None, kv_width: int | None = None) -> float:
     """Forward FLOPs of a Transformer encoder on sequences of the given lengths (multiply-add = 2).
 
-    Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff.
-    Per sequence of length L and layer: QK^T and PV, 4 L^2 d (summed over heads).
+    Per token and layer: QKV 6 d^2, output projection 2 d^2, feed-forward 4 d d_ff (a GLU feed-forward, ``glu``:
+    three d x d_ff matrices, 6 d d_ff). Where the heads' width A = H Dh is not d (``attn_width``) or keys and values
+    have fewer heads (``kv_width`` = Hkv Dh, grouped-query attention): QKV 2 d (A + 2 Akv), output 2 d A. Per layer,
+    QK^T and PV: 4 A per (query, key) pair: L^2 pairs in a sequence of length L, L (L + 1) / 2 if ``causal``, and on
+    ``local_layers`` of the ``num_layers`` only the pairs inside ``window`` (:func:`attention_pairs`: what a kernel
+    that skips the rest computes).
     """
     d_model, d_ff, num_layers = (check_int(v, n) for v, n in ((d_model, "d_model"), (d_ff, "d_ff"),
                                                                 (num_layers, "num_layers")))
+    local_layers = check_int(local_layers, "local_layers", high=num_layers) if window is not None else 0
+    A = d_model if attn_width is None else check_int(attn_width, "attn_width")
+    Akv = A if kv_width is None else check_int(kv_width, "kv_width")
     L = lengths.double()
-    per_token = 8 * d_model**2 + 4 * d_model * d_ff
-    return float(num_layers * (per_token * L.sum() + 4 * d_model * (L**2).sum()))
+    per_token = 2 * d_model * (A + 2 * Akv) + 2 * d_model * A + (6 if glu else 4) * d_model * d_ff
+    full = attention_pairs(lengths, causal=True) if causal else float((L**2).sum())
+    pairs = full * (num_layers - local_layers)
+    if local_layers:
+        pairs += attention_pairs(lengths, window=window, causal=causal) * local_layers
+    return float(num_layers * per_token * L.sum() + 4 * A * pairs)
 
 
 def attention_pairs(lengths: Tensor, *, causal: bool = False, window: tuple[int, int] | None = None) -> int:

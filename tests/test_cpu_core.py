@@ -30,7 +30,7 @@ def _compile_and_run(cxx: str, flags: list[str], out, runner: list[str] | None =
 @pytest.mark.skipif(shutil.which(build._compiler()) is None, reason="no C++ compiler on PATH")
 @pytest.mark.parametrize("isa", build.runnable())
 def test_core_on_this_cpu(isa, tmp_path):
-    summary = _compile_and_run(build._compiler(), build._FLAGS[isa], tmp_path)
+    summary = _compile_and_run(build._compiler(), build.isa_flags(isa), tmp_path)
     assert summary.startswith(f"core_check {'avx512' if isa.startswith('avx512') else isa} ")
     assert summary.endswith(" 0 failures")
 

@@ -252,3 +252,101 @@ def test_a_copy_with_another_key_tile_builds_beside_and_matches(tmp_path):
 def test_load_copy_rejects_bad_tags_and_folders(tmp_path, tag, folder, err):
     with pytest.raises(err, match="tag must be|has no attention.cpp"):
         build.load_copy(tmp_path if folder else build.HERE, tag)
+
+
+# --- AMX tiles (flash_amx.h): bf16 varlen with both products on tiles, where the CPU and Linux allow ---------
+
+AMX = build.amx_available()
+needs_amx = pytest.mark.skipif(AMX is not None, reason=f"the AMX kernel cannot run here: {AMX}")
+
+
+def _amx_vs_reference(lengths, H, D, causal, *, window=None, strided=False, seed=0):
+    """(AMX error, its tolerance) on packed bf16 inputs: the fp32 reference, tolerance 2x SDPA's own bf16 error."""
+    g = torch.Generator().manual_seed(seed)
+    L = torch.tensor(lengths)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    total = int(L.sum())
+    if strided:  # q, k, v as views of one (total, 3, H, D) projection, as the encoders pass them
+        q, k, v = torch.randn(total, 3, H, D, generator=g).bfloat16().unbind(1)
+    else:
+        q, k, v = torch.randn(3, total, H, D, generator=g).bfloat16()
+    kernel = registry.get("cpu_amx_varlen")
+    out = kernel.fn(q, k, v, cu, max_seqlen, causal=causal, window=window)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    ref = btlib.reference_varlen_attention(q, k, v, cu, max_seqlen, causal=causal, window=window)  # fp32
+    sdpa = registry.get("torch_sdpa_loop").fn(q, k, v, cu, max_seqlen, causal=causal, scale=None, window=window)
+    return relative_error(out, ref), kernel.tolerance(torch.bfloat16, relative_error(sdpa.float(), ref))
+
+
+@needs_amx
+@pytest.mark.parametrize("lengths", [[1], [2], [17], [97], [300], [300, 1, 97, 0, 17, 2, 64, 65]], ids=str)
+@pytest.mark.parametrize("D", [32, 64])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_amx_matches_reference_on_odd_sizes(lengths, D, causal):
+    err, tol = _amx_vs_reference(lengths, 3, D, causal)
+    assert err <= tol, f"error {err:.2e} > {tol:.2e}"
+
+
+@needs_amx
+@pytest.mark.parametrize("D", [1, 8, 24, 48, 80, 96, 128, 200, 256])  # padded to 32-element K steps inside
+def test_amx_takes_every_head_dim_up_to_256(D):
+    err, tol = _amx_vs_reference([97, 33, 130], 2, D, causal=False, seed=D)
+    assert err <= tol, f"error {err:.2e} > {tol:.2e}"
+
+
+@needs_amx
+@pytest.mark.parametrize("window", [(0, 0), (64, 64), (3, 200)])
+def test_amx_with_strided_inputs_and_windows(window):
+    err, tol = _amx_vs_reference([300, 97, 5], 4, 32, causal=True, window=window, strided=True)
+    assert err <= tol, f"error {err:.2e} > {tol:.2e}"
+
+
+@needs_amx
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_amx_nan_and_inf_propagate_like_the_reference(causal):
+    q, k, v, L = _with_specials(torch.bfloat16)
+    ref = btlib.pack(btlib.reference_attention(*(x.float().masked_fill(
+        ~(torch.arange(q.shape[2])[None, :] < L[:, None])[:, None, :, None], 0) for x in (q, k, v)), lengths=L,
+        causal=causal).transpose(1, 2), L).tokens
+    packed = [btlib.pack(x.transpose(1, 2), L).tokens.contiguous() for x in (q, k, v)]
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(L)
+    out = registry.get("cpu_amx_varlen").fn(*packed, cu, max_seqlen, causal=causal).float()
+    assert ref.isnan().any() and not ref.isnan().all()
+    assert torch.equal(out.isnan(), ref.isnan())
+
+
+@needs_amx
+def test_auto_picks_amx_for_bf16_and_falls_back_for_the_rest(monkeypatch):
+    x = torch.randn(6, 2, 32)
+    assert registry.select("varlen", x.bfloat16(), causal=True, window=(3, 3)).name == "cpu_amx_varlen"
+    assert registry.select("varlen", x, causal=False).name == "cpu_flash_varlen"  # fp32: the exact kernel
+    wide = torch.randn(6, 2, 300, dtype=torch.bfloat16)
+    assert registry.select("varlen", wide, causal=False).name != "cpu_amx_varlen"  # head_dim 300 > 256
+    monkeypatch.setenv("BTLIB_ASSUME_NO_BF16", "1")  # what a CPU without AMX gets
+    assert registry.get("cpu_amx_varlen").available() == "BTLIB_ASSUME_NO_BF16=1"
+    assert registry.select("varlen", x.bfloat16(), causal=False).name == "cpu_flash_varlen"
+
+
+@needs_amx
+def test_amx_op_on_fp32_rounds_to_bf16_while_packing():
+    """float32 in and out, bf16 products: equal to the op on inputs rounded to bf16 first, up to the output's rounding."""
+    x = torch.randn(3, 300, 2, 32)
+    cu, max_seqlen = btlib.lengths_to_cu_seqlens(torch.tensor([200, 97, 3]))
+    out = ops.varlen_amx(*x, cu, max_seqlen, False, 32**-0.5)
+    assert out.dtype == torch.float32
+    rounded = ops.varlen_amx(*x.bfloat16(), cu, max_seqlen, False, 32**-0.5)
+    assert relative_error(out.bfloat16(), rounded.float()) <= 2**-8  # one bf16 rounding of the output apart
+
+
+def test_amx_refuses_what_it_cannot_run():
+    x = torch.randn(6, 2, 32)
+    if AMX is None:
+        with pytest.raises(RuntimeError, match="dtype must be float32 or bfloat16"):
+            ops.varlen_amx(x.double(), x.double(), x.double(), cu_ok, 4, False, 1.0)
+        with pytest.raises(ValueError, match="supports bfloat16"):
+            btlib.varlen_attention(x, x, x, cu_ok, 4, backend="cpu_amx_varlen")
+    else:  # no AMX here (or not granted, or no AMX code in this build): the op says why, and "auto" never picks it
+        if ops.amx_status():  # "" only where the C++ side could run it and Python said no (BTLIB_ASSUME_NO_BF16=1)
+            with pytest.raises(RuntimeError, match="cannot run here"):
+                ops.varlen_amx(x.bfloat16(), x.bfloat16(), x.bfloat16(), cu_ok, 4, False, 1.0)
+        assert registry.select("varlen", x.bfloat16(), causal=False).name != "cpu_amx_varlen"

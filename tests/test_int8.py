@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from btlib import PackedEncoder, device, gemm, gemm_measure, hardware, quant, smoothquant
+from btlib.kernels import registry
 
 from model_folder import needs_model
 
@@ -212,6 +213,82 @@ def test_quantize_rows_u8_is_int8_plus_128_and_dequantize_takes_float_sums(K):
     y_nw = torch.empty(6, K + 3)
     k.dequantize(acc, s, quant._EMPTY, quant._EMPTY, 0, quant._EMPTY, y_nw)  # w empty: unit scales
     torch.testing.assert_close(y_nw, acc.float() * s, rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.parametrize("N", [1, 37, 256])  # 37: a vector tail on every ISA
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("float_sums, smooth, u8", [(False, False, False), (False, True, True), (True, True, False)])
+def test_requantize_is_quantize_rows_after_dequantize(N, act, float_sums, smooth, u8):
+    """int8.cpp's requantize keeps the row in L1 instead of writing it: the same q and s, to the bit, as
+    quantize_rows(dequantize(...)), NaN scale rows included (q 0, or 128 as uint8; s NaN)."""
+    g = torch.Generator().manual_seed(N + act)
+    M = 97
+    acc = torch.randint(-2**20, 2**20, (M, N), generator=g, dtype=torch.int32)
+    acc = acc.float() if float_sums else acc
+    s = torch.rand(M, 1, generator=g) * 1e-3
+    s[5] = float("nan")  # an input row that held NaN / inf
+    w, b = torch.rand(N, generator=g) * 0.1, torch.randn(N, generator=g)
+    a = torch.rand(N, generator=g) + 0.5 if smooth else torch.empty(0)
+    k = quant.kernels()
+    y = torch.empty(M, N)
+    k.dequantize(acc, s, w, b, act, torch.empty(0), y)
+    want_q, want_s = k.quantize_rows(y, a, u8)
+    q, s_out = torch.empty(M, N, dtype=torch.uint8 if u8 else torch.int8), torch.empty(M, 1)
+    k.requantize(acc, s, w, b, act, a, u8, q, s_out)
+    assert torch.equal(q, want_q)
+    torch.testing.assert_close(s_out, want_s, rtol=0, atol=0, equal_nan=True)
+    assert s_out[5].isnan().all() and q[5].eq(128 if u8 else 0).all()
+    with pytest.raises(RuntimeError, match="q must be a contiguous"):
+        k.requantize(acc, s, w, b, act, a, not u8, q, s_out)  # the other dtype than u8 says
+
+
+def _ffn(K=64, hidden=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w1, b1 = torch.randn(hidden, K, generator=g) * 0.1, torch.randn(hidden, generator=g)
+    w2, b2 = torch.randn(K, hidden, generator=g) * 0.1, torch.randn(K, generator=g)
+    l1 = quant.Int8Linear(w1, b1, torch.rand(K, generator=g) + 0.5, activation="gelu")
+    l2 = quant.Int8Linear(w2, b2, torch.rand(hidden, generator=g) + 0.5)
+    return l1, l2
+
+
+@pytest.mark.skipif(quant.kernels() is None, reason="int8.cpp does not build here (no C++ compiler)")
+@pytest.mark.parametrize("path", ["int_mm", "onednn_int8"])
+@pytest.mark.parametrize("M", [1, 97, quant.ROWS + 3])  # ROWS + 3: two row blocks
+def test_fused_feed_forward_gives_the_two_linears_bits(path, M, monkeypatch):
+    """The int8 encoder's feed-forward (linear1's output requantised for linear2, never written as floats) returns
+    exactly l2(l1(x)) + residual, on either GEMM path; rows holding NaN or inf come out as the fp32 layers'."""
+    if path == "onednn_int8" and _ONEDNN_INT8 is not None:
+        pytest.skip(str(_ONEDNN_INT8))
+    monkeypatch.setattr(gemm, "choose_int8", lambda *a, **kw: path)
+    l1, l2 = _ffn()
+    g = torch.Generator().manual_seed(M)
+    x, r = torch.randn(M, 64, generator=g), torch.randn(M, 64, generator=g)
+    if M > 2:
+        x[1, 3], x[2, 7] = float("nan"), float("inf")
+    with torch.inference_mode():
+        fused, two = quant._feed_forward_int8(l1, l2, x, r), l2(l1(x), r)
+        no_residual = quant._feed_forward_int8(l1, l2, x, None), l2(l1(x))
+    torch.testing.assert_close(fused, two, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(*no_residual, rtol=0, atol=0, equal_nan=True)
+    if M > 2:
+        fp32 = F.linear(F.gelu(F.linear(x[1:3], l1.weight_fp32, l1.bias)), l2.weight_fp32, l2.bias) + r[1:3]
+        torch.testing.assert_close(fused[1:3], fp32, rtol=0, atol=0, equal_nan=True)
+        assert fused[1].isnan().all()
+
+
+def test_int8_encoder_attention_runs_on_amx_where_it_runs():
+    """int8 attention takes the AMX kernel (fp32 in, bf16 products) where AMX runs; nothing quantised, or a named
+    backend, keeps the fp32 kernel."""
+    packed = PackedEncoder.from_module(_encoder())
+    named = PackedEncoder.from_module(_encoder(), attention_backend="cpu_flash_varlen")
+    x = torch.randn(5, 64)
+    amx = registry.get("cpu_amx_varlen").available() is None
+    with torch.inference_mode():
+        fp32 = packed._kernel(x).name
+        assert quant.quantize(packed)._kernel(x).name == ("cpu_amx_varlen" if amx else fp32)
+        assert quant.quantize(packed, keep_fp32=quant.LINEARS)._kernel(x).name == fp32
+        assert quant.quantize(named)._kernel(x).name == "cpu_flash_varlen"
 
 
 def test_quantize_rows_round_trips():

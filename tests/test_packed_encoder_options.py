@@ -118,3 +118,32 @@ def test_precision_arguments():
     fp32 = btlib.PackedEncoder.from_module(enc, precision="fp32")
     assert fp32.layers[0].linear1.weight is enc.layers[0].linear1.weight  # same dtype: shared, not copied
     assert str(fp32.precision).startswith("fp32")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("kind", ["table", "alibi"])
+def test_a_position_bias_is_added_in_every_layer(norm_first, kind):
+    """bias=PositionBias: PyTorch's plain module given the same bias as a float mask (B * H, T, T), padding at
+    float32's lowest value, is the reference; a table with max_distance 3 < the length 9 checks the clamp. The int8
+    twin (btlib.quant) carries the same bias."""
+    from btlib.quant import quantize
+
+    torch.manual_seed(0)
+    enc = _encoder(norm_first=norm_first)
+    bias = btlib.PositionBias.table(torch.randn(H, 7), 3) if kind == "table" else btlib.PositionBias.alibi(btlib.alibi_slopes(H))
+    lengths = torch.tensor([9, 1, 5])
+    B, T = len(lengths), int(lengths.max())
+    x = torch.randn(B, T, D)
+    pad = btlib.lengths_to_padding_mask(lengths, T)
+    mask = bias.dense(T).unsqueeze(0) + torch.zeros(B, 1, 1, T).masked_fill(pad.view(B, 1, 1, T), torch.finfo(torch.float32).min)
+    ref = run_slow(enc, x, mask=mask.reshape(B * H, T, T))
+    packed = btlib.PackedEncoder.from_module(enc, bias=bias)
+    with torch.inference_mode():
+        out = packed(x, lengths=lengths)
+        plain = btlib.PackedEncoder.from_module(enc)(x, lengths=lengths)
+        q8 = quantize(packed)
+        int8 = q8(x, lengths=lengths)
+    assert relative_error(out[~pad], ref[~pad]) < 1e-5 and relative_error(plain[~pad], ref[~pad]) > 1e-3
+    assert q8.bias is bias and relative_error(int8[~pad], ref[~pad]) < relative_error(plain[~pad], ref[~pad]) / 2
+    with pytest.raises(ValueError, match="the position bias has 2 heads, the inputs have H=4"):
+        btlib.PackedEncoder.from_module(enc, bias=btlib.PositionBias.alibi(torch.ones(2)))

@@ -93,6 +93,20 @@ def test_malformed_json_and_tei_truncation(client, model):
     assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode([long]))
 
 
+def test_bodies_must_be_json_and_openapi_still_describes_them(client, model):
+    """The POST routes parse their own bodies (btlib.serve.app._parse): FastAPI's content types, a 422 for the rest."""
+    r = client.post("/v1/embeddings", content=b'{"input": "x"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]["message"]
+    r = client.post("/embed", content=b'{"inputs": "hello"}', headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
+    r = client.post("/v1/embeddings", content=b'[1, 2]', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["message"] == "malformed request body: body: send a JSON object"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/embeddings", "/embed", "/rerank", "/health", "/metrics"} <= set(paths)
+    body = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["input"] and body["properties"]["encoding_format"]["enum"] == ["float", "base64"]
+
+
 def test_api_key_and_overload_answer_401_and_429(model):
     """A gated model holds the worker; the queue (4 texts) fills; the next request gets 429 with Retry-After."""
     from btlib.serve.app import create_app, start_server
@@ -126,6 +140,26 @@ def test_api_key_and_overload_answer_401_and_429(model):
     finally:
         gate.set()
         running.stop()
+
+
+def test_api_key_middleware_exists_only_with_a_key_and_answers_each_api_its_401(model):
+    """No key: no middleware at all (nothing runs per request). A key: 401 in the route's API shape without it or with
+    a wrong one, on every route but /health; 200 with it."""
+    from btlib.serve.app import create_app
+
+    with BatchEncoder(model) as batcher:
+        assert create_app(batcher).user_middleware == []
+    message = "missing or wrong API key: send Authorization: Bearer <key>"
+    with running_app(model, api_key="s3cret") as server, client_of(server) as c:
+        r = c.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert r.json() == {"error": {"message": message, "type": "authentication_error", "code": 401}}
+        r = c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret2"})
+        assert r.status_code == 401 and r.json() == {"error": message, "error_type": "authentication_error"}
+        assert c.get("/metrics", headers={"Authorization": "s3cret"}).status_code == 401
+        assert c.get("/health").json() == {"status": "ok"}
+        r = c.post("/embed", json={"inputs": "hello"}, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
 
 
 def test_sigterm_answers_every_accepted_request(tmp_path):

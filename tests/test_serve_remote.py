@@ -88,3 +88,63 @@ def test_a_full_queue_comes_back_as_overloaded_through_http(model):
     finally:
         gate.set()
         running.stop()
+
+
+def _closing_server(close_after: int):
+    """A raw HTTP/1.1 server on loopback that answers 200 with "ok" and closes each connection after ``close_after``
+    answers without saying so (no Connection: close), as a keep-alive server does to an idle connection; 0: closes
+    every connection unanswered. Returns (port, the number of connections accepted, stop)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted = [0]
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            for _ in range(close_after):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def loop():
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted[0] += 1
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+        srv.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return srv.getsockname()[1], accepted, stop.set
+
+
+def test_the_client_replaces_connections_the_server_closed_and_reports_a_dead_server():
+    """Connections closed by the server while idle are not a failed request: the client takes another or opens one
+    (before, one retry was allowed, and a second stale connection failed the request). A new connection closed
+    unanswered is the server's answer: it raises."""
+    from btlib.serve.client import HttpEncoder
+
+    port, accepted, stop = _closing_server(close_after=1)
+    try:
+        with HttpEncoder(f"http://127.0.0.1:{port}", max_connections=8) as client:
+            futures = [client._track(client._get("/health")) for _ in range(8)]  # up to 8 connections open at once
+            assert [f.result(10) for f in futures] == [200] * 8
+            time.sleep(0.2)  # every idle connection is now closed by the server
+            assert [client.get("/health", timeout=10) for _ in range(5)] == [200] * 5
+        assert accepted[0] >= 8 + 5  # a fresh connection for every request after the first ones
+    finally:
+        stop()
+    port, accepted, stop = _closing_server(close_after=0)
+    try:
+        with HttpEncoder(f"http://127.0.0.1:{port}") as client:
+            with pytest.raises(Exception, match="0 bytes read|Connection"):
+                client.get("/health", timeout=10)
+        assert accepted[0] == 1  # a new connection's failure is not retried
+    finally:
+        stop()

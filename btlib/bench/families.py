@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from ..kernels import relative_error
-from ..lengths import attention_pairs
+from ..lengths import encoder_flops
 from . import pretrained as workbook
 from .core import Benchmark, Provider, declare
 from .verdict import compare
@@ -128,31 +128,21 @@ def shape_of(config) -> Shape:
                  window, local)
 
 
-def _lin(s: Shape) -> int:
-    """Linear-layer FLOPs per token and layer: QKV 6 d^2, output 2 d^2 (a decoder: 2 d (A + 2 Akv) + 2 d A, A = H Dh,
-    Akv = Hkv Dh), FFN 2 (or, GLU, 3) d x d_ff matrices."""
-    A, Akv = (s.d, s.d) if s.attn is None else (s.attn, s.kv)
-    return 2 * s.d * (A + 2 * Akv) + 2 * s.d * A + (6 if s.glu else 4) * s.d * s.d_ff
-
-
 def predict(lengths: torch.Tensor, batch_size: int, shape: Shape) -> dict:
     """Encoder FLOPs of ``lengths`` (N,) batched by ``batch_size`` in arrival order, each batch padded to its longest,
-    against the same texts packed: {"padded", "packed" (FLOPs), "token_ratio", "speedup" (padded / packed)}.
+    against the same texts packed: {"padded", "packed" (FLOPs), "token_ratio", "speedup" (padded / packed)}, both by
+    btlib.lengths.encoder_flops; padded, a window saves nothing (transformers' window is a dense mask).
 
     Example: lengths [2, 4, 3], batch 2 -> batches [2, 4] padded to 4 and [3]: 11 token slots for 9 tokens
     (token_ratio 1.22), attention pairs 2 x 16 + 9 = 41 for 4 + 16 + 9 = 29.
     """
-    batches = lengths.long().split(batch_size)
-    real_tok, padded_tok = int(lengths.sum()), sum(len(b) * int(b.max()) for b in batches)
-    full = attention_pairs(lengths, causal=True) if shape.causal else int((lengths.long() ** 2).sum())
-    padded_pairs = sum(len(b) * int(b.max()) ** 2 for b in batches)
-    packed_pairs = full * (shape.layers - shape.local_layers)
-    if shape.window:
-        packed_pairs += attention_pairs(lengths, window=shape.window) * shape.local_layers
-    A = shape.d if shape.attn is None else shape.attn  # H Dh: the width of QK^T's and PV's sums
-    packed = _lin(shape) * real_tok * shape.layers + 4 * A * packed_pairs
-    padded = (_lin(shape) * padded_tok + 4 * A * padded_pairs) * shape.layers
-    return {"padded": float(padded), "packed": float(packed), "token_ratio": padded_tok / real_tok, "speedup": padded / packed}
+    padded_lengths = torch.cat([torch.full((len(b),), int(b.max())) for b in lengths.long().split(batch_size)])
+    common = dict(d_model=shape.d, d_ff=shape.d_ff, num_layers=shape.layers, glu=shape.glu, attn_width=shape.attn,
+                  kv_width=shape.kv)
+    packed = encoder_flops(lengths, **common, window=shape.window, local_layers=shape.local_layers, causal=shape.causal)
+    padded = encoder_flops(padded_lengths, **common)  # every (query, key) pair of the padded batch: a dense mask
+    return {"padded": padded, "packed": packed, "token_ratio": int(padded_lengths.sum()) / int(lengths.sum()),
+            "speedup": padded / packed}
 
 
 @dataclass

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from ..pretrained import load_pretrained, load_reranker
-    from .app import bind, create_app
+    from .app import bind, create_app, server_config
     from .batcher import BatchEncoder
     from .rerank import PairScorer, is_reranker_folder
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = " (reranker: POST /rerank)" if isinstance(model, PairScorer) else ""
     print(f"btlib.serve: {name}{kind} on http://{'[' + host + ']' if ':' in host else host}:{port}"
           f"{' (API key required)' if args.api_key else ''}", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    uvicorn.Server(server_config(app)).run(sockets=[sock])
     return 0
 
 

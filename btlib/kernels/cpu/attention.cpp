@@ -11,6 +11,9 @@
  *               with a local window (left, right) only the key tiles meeting each query block's
  *               band: about 4 T D (Br + left + right) flops, rounded up to whole Bc tiles.
  *               varlen is v3 on packed tokens + cu_seqlens: no work on padding.
+ *   flash_amx.h v3 with Q K^T and P V on AMX tiles (bf16, tdpbf16ps), op varlen_amx: the same blocks, softmax,
+ *               masks, window and bias; built into the avx512bf16 library (-mamx-tile -mamx-bf16), run only
+ *               where amx_status() is "" (AMX-BF16 in cpuid and the tile state granted by Linux).
  *   core.h      Problem, bf16, Br / Bc, and the thread-pool hook.
  *
  * Masks: key padding by `lengths` (keys j >= L ignored, query rows t >= L output 0), causal
@@ -31,6 +34,7 @@
 #include <string>
 
 #include "flash.h"
+#include "flash_amx.h"
 #include "teaching.h"
 
 #ifndef BTLIB_OPS_NS
@@ -161,9 +165,10 @@ at::Tensor v3_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   return padded(q, k, v, lengths, causal, scale, window_left, window_right, true, run_v3, bias, bias_kind, bias_max_distance);
 }
 
-at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                     bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
-                     int64_t bias_kind, int64_t bias_max_distance) {
+template <typename F>
+at::Tensor varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+                  bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
+                  int64_t bias_kind, int64_t bias_max_distance, F&& kernel) {
   check_qkv(q, k, v, 3, true);
   TORCH_CHECK(k.sizes() == q.sizes(), "btlib CPU varlen attention: q, k, v must have one shape (total, H, D); got ", q.sizes(), " and ", k.sizes());
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1,
@@ -187,8 +192,35 @@ at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   auto strides = [](const at::Tensor& x, int64_t* s) { s[0] = 0, s[1] = x.stride(1), s[2] = x.stride(0); };
   strides(q, p.qs), strides(k, p.ks), strides(v, p.vs), strides(o, p.os);  // sequence b starts at token cu_seqlens[b]
-  if (q.numel() > 0) run_v3(p, q, k, v, o);
+  if (q.numel() > 0) kernel(p, q, k, v, o);
   return o;
+}
+
+at::Tensor varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+                     bool causal, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& bias,
+                     int64_t bias_kind, int64_t bias_max_distance) {
+  return varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance, run_v3);
+}
+
+// varlen_v3 with its products on AMX tiles (flash_amx.h), only where amx_status() is "": bfloat16, or float32 in and
+// out with bf16 products.
+at::Tensor varlen_amx_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                         int64_t max_seqlen, bool causal, double scale, int64_t window_left, int64_t window_right,
+                         const std::optional<at::Tensor>& bias, int64_t bias_kind, int64_t bias_max_distance) {
+  TORCH_CHECK(amx_status().empty(), "btlib CPU AMX attention cannot run here: ", amx_status(), "; use varlen_v3");
+  // float32 in and out is bf16 inside: q, k, v rounded to bf16 while packing (no separate pass), sums fp32; the
+  // error is bf16's, not fp32's, so btlib's registry offers this op for bf16 inputs only.
+  return varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance,
+                [](const Problem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o) {
+#if defined(BTLIB_AMX)
+    auto as_bf16 = [](const at::Tensor& x) { return reinterpret_cast<bf16*>(x.data_ptr<at::BFloat16>()); };
+    if (q.scalar_type() == at::kBFloat16)
+      attention_amx(p, as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(o), threads(), TorchParallelFor{});
+    else
+      attention_amx(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), o.data_ptr<float>(), threads(),
+                    TorchParallelFor{});
+#endif
+  });
 }
 
 // e.g. "avx512+bf16dot W=16 kR=6 kNV=4 Br=64 Bc=64 max_head_dim=256 threads=at::parallel_for/openmp ops=btlib_cpu_avx512bf16"
@@ -200,7 +232,7 @@ std::string build_info() {
 #else
   const char* pool = "serial (torch uses OpenMP but this build has no -fopenmp)";
 #endif
-  return std::string(kIsa) + (kBf16Dot ? "+bf16dot" : "") + " W=" + std::to_string(W) + " kR=" + std::to_string(kR) +
+  return std::string(kIsa) + (kBf16Dot ? "+bf16dot" : "") + (kAmx ? "+amx" : "") + " W=" + std::to_string(W) + " kR=" + std::to_string(kR) +
          " kNV=" + std::to_string(kNV) + " Br=" + std::to_string(Br) + " Bc=" + std::to_string(Bc) +
          " max_head_dim=" + std::to_string(kMaxD) + " threads=" + pool + " ops=" BTLIB_STR(BTLIB_OPS_NS);
 }
@@ -218,7 +250,10 @@ BTLIB_TORCH_LIBRARY(BTLIB_OPS_NS, m) {
         "int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
   m.def("varlen_v3(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
         "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
-  m.def("build_info() -> str", &build_info);  // no tensor in or out: a catch-all, never in a graph
+  m.def("varlen_amx(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
+        "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
+  m.def("build_info() -> str", &build_info);
+  m.def("amx_status() -> str", [] { return amx_status(); });  // "" when varlen_amx can run, else why not  // no tensor in or out: a catch-all, never in a graph
 }
 
 BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {
@@ -226,6 +261,7 @@ BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {
   m.impl("attention_v2", &v2_op);
   m.impl("attention_v3", &v3_op);
   m.impl("varlen_v3", &varlen_op);
+  m.impl("varlen_amx", &varlen_amx_op);
 }
 
 // No backward: autograd falls through to the CPU (or, under a FakeTensorMode, the fake) kernel, so the output
@@ -234,6 +270,6 @@ BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {
 // cost about what a boxed Autograd kernel measured here (+0.1-0.35 us a call under no_grad, 1 thread, Xeon) and
 // hand back outputs whose backward only warns and returns nothing.
 BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, Autograd, m) {
-  for (const char* op : {"attention_v1", "attention_v2", "attention_v3", "varlen_v3"})
+  for (const char* op : {"attention_v1", "attention_v2", "attention_v3", "varlen_v3", "varlen_amx"})
     m.impl(op, torch::CppFunction::makeFallthrough());
 }

@@ -3,6 +3,7 @@
     load(isa=None) -> str   compile (once, ~30 s) or load one build; returns its build info line
     ops(isa=None)           torch.ops.btlib_cpu_<isa>: that build's ops (loads it first)
     available() -> None | str   cheap: None if a C++ compiler is on PATH, else why not (never compiles)
+    amx_available() -> None | str   None if the AMX varlen op can run here (AMX CPU, Linux's grant, avx512bf16 build)
     isa() -> str            the build the registered kernels use: $BTLIB_CPU_ISA, else the best this CPU runs
     runnable() -> list      every build this CPU can execute ("portable" first), for the tests
     load_copy(folder, tag)  build an edited copy of these sources (e.g. another Bc) as its own library
@@ -13,7 +14,7 @@ Every load registers the ops' fake kernels (fake.py), so torch.compile traces th
 torch.library.opcheck passes on each.
 
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
-(core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h). One library per instruction
+(core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h, flash_amx.h). One library per instruction
 set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
 so several builds load side by side in one process. Cached in ``$TORCH_EXTENSIONS_DIR/<name>/``
 (the Makefile points it at build/torch_extensions; torch's default is ~/.cache/torch_extensions).
@@ -25,7 +26,10 @@ file in that folder) while one of them compiles, and the other waits, then loads
 x86: AVX-512 is chosen when /proc/cpuinfo lists avx512f, avx512dq, avx512bw and avx512vl (plus
 -mavx512bf16 where it lists avx512_bf16: bf16 then runs on vdpbf16ps); gcc 12's ``-march=native``
 treats Zen 5 as znver3 and prefers 256-bit code, so the flags name x86-64-v4 and 512-bit vectors
-explicitly (gcc 12 on an AMD EPYC Zen 5: -march=native alone gave ymm-only code). arm64 / aarch64 (Linux, macOS) gets "neon". ``BTLIB_CPU_ISA=avx512bf16|
+explicitly (gcc 12 on an AMD EPYC Zen 5: -march=native alone gave ymm-only code). The avx512bf16 build
+also gets -mamx-tile -mamx-bf16 where the compiler takes them (gcc 11+, clang 12+; :func:`isa_flags`): they only
+make the AMX intrinsics of flash_amx.h available (no compiler emits tile instructions by itself), so the build
+still runs on AVX512_BF16 CPUs without AMX (AMD Zen 4 / 5), where :func:`amx_available` keeps its op unused. arm64 / aarch64 (Linux, macOS) gets "neon". ``BTLIB_CPU_ISA=avx512bf16|
 avx512|avx2|neon|portable`` overrides the choice.
 
 Threads come from at::parallel_for. With torch's OpenMP backend (Linux, Windows wheels) its body is
@@ -46,12 +50,12 @@ from pathlib import Path
 import torch
 
 from ..._compile import constant_result
-from ...hardware import isa, runnable  # ISA detection lives with the other CPU facts; named here as before
+from ...hardware import amx, isa, runnable  # ISA detection lives with the other CPU facts; named here as before
 from .. import _build
 from .._build import Extension
 from . import fake
 
-__all__ = ["load", "ops", "load_copy", "available", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
+__all__ = ["load", "ops", "load_copy", "available", "amx_available", "isa_flags", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
            "gemm_available", "SOURCE", "HEADER", "HEADERS", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +63,7 @@ SOURCE = HERE / "attention.cpp"
 HEADER = HERE / "vec.h"
 INT8_SOURCE = HERE / "int8.cpp"  # btlib.quant's quantize / dequantize passes (a pybind11 module)
 GEMM_SOURCE = HERE / "gemm.cpp"  # btlib.gemm's "btlib" path: fp32 GEMM on pre-packed column panels (pybind11)
-HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h")]
+HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h", "flash_amx.h")]
 
 _FLAGS = {
     "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512"],
@@ -133,8 +137,48 @@ def _checked_isa(isa_: str | None) -> str:
     return isa_
 
 
+_AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_takes(flags: tuple[str, ...]) -> bool:
+    """Does the C++ compiler accept these flags (preprocessing an empty file: ~20 ms, once per process)."""
+    import subprocess
+
+    try:
+        return subprocess.run([_compiler(), *flags, "-x", "c++", "-E", os.devnull], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def isa_flags(isa: str) -> list[str]:
+    """The compiler flags of one build of the attention kernels: :data:`_FLAGS`, plus the AMX intrinsics' flags
+    for avx512bf16 where the compiler takes them."""
+    flags = list(_FLAGS[isa])
+    if isa == "avx512bf16" and _compiler_takes(_AMX_FLAGS):
+        flags += _AMX_FLAGS
+    return flags
+
+
+def amx_available() -> str | None:
+    """None if the AMX varlen kernel (flash_amx.h, op ``varlen_amx``) can run here, else why not. Never compiles.
+
+    Needs: the avx512bf16 build registered (:func:`isa`) and buildable with the AMX flags, and this process
+    granted AMX tile state by Linux (btlib.hardware.amx: asked once, through arch_prctl).
+    """
+    usable, why = amx()
+    if not usable:
+        return why
+    isa_ = isa()
+    if isa_ != "avx512bf16":
+        return f"the {isa_} build has no AMX code (BTLIB_CPU_ISA; the avx512bf16 build has it)"
+    if not _compiler_takes(_AMX_FLAGS):
+        return f"the C++ compiler {_compiler()!r} does not take {' '.join(_AMX_FLAGS)} (gcc 11+ or clang 12+ does)"
+    return available()
+
+
 def _cflags(isa_: str, namespace: str) -> list[str]:
-    return ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS={namespace}", *_thread_flags(), *_FLAGS[isa_]]
+    return ["-O3", "-std=c++17", f"-DBTLIB_OPS_NS={namespace}", *_thread_flags(), *isa_flags(isa_)]
 
 
 def load(isa: str | None = None) -> str:
@@ -223,11 +267,13 @@ def int8_module():
     """int8.cpp built for :func:`isa` (once per process, ~20 s on a cold cache): ``quantize_rows``, ``dequantize``.
 
     Same cache, announcement and ISA flags as the attention kernels, plus -fno-math-errno -fno-trapping-math
-    (the loops vectorise without errno writes). Raises RuntimeError like :func:`load`; a failure is
+    (the loops vectorise without errno writes) and -ffp-contract=off: g++ otherwise fuses a multiply and an add
+    into one FMA where it inlines them, differently in dequantize and requantize, which then rounded the same
+    row 1 ulp apart (int8.cpp promises requantize the bits of quantize_rows after dequantize). Raises RuntimeError like :func:`load`; a failure is
     remembered, so :func:`int8_available` reports it and the next call raises without compiling.
     """
     isa_ = _checked_isa(None)
-    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", *_FLAGS[isa_], *_thread_flags()]
+    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", *_FLAGS[isa_], *_thread_flags()]
     return _int8.module(_int8_name(isa_), detail=f"{INT8_SOURCE.name}, {isa_}", depends=[INT8_SOURCE, HEADER],
                         sources=[str(INT8_SOURCE)], extra_cflags=flags, extra_ldflags=list(_thread_flags()),
                         extra_include_paths=[str(HERE)])

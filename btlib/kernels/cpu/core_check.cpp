@@ -5,7 +5,8 @@
 // without windows (v3 and varlen). v3 also reports how many (query block, key
 // tile) pairs it computed: that must be exactly the number of pairs where some row of the block
 // may attend some key of the tile (the tile skip of padding, causal and windows, counted here by
-// brute force). Exits non-zero on any mismatch. tests/test_cpu_core.py builds it for every
+// brute force). Built with -mamx-tile -mamx-bf16 on a CPU whose OS grants AMX tiles, every bf16 run is repeated
+// with the products on AMX tiles (flash_amx.h); elsewhere it says why those runs are skipped. Exits non-zero on any mismatch. tests/test_cpu_core.py builds it for every
 // ISA this CPU runs (-DISA flags as in build.py) and for aarch64 (NEON) under qemu-aarch64:
 //   g++ -O2 -std=c++17 -pthread [-march=...] core_check.cpp -o core_check && ./core_check
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "flash.h"
+#include "flash_amx.h"
 #include "teaching.h"
 
 using namespace btlib_core;
@@ -99,6 +101,8 @@ int64_t band_tiles(const Problem& p) {
 }
 
 int failures = 0, checks = 0;
+// AMX (flash_amx.h): compiled in (-mamx-tile -mamx-bf16) and granted by the OS; else its runs are skipped, and said so
+const bool amx_ready = kAmx && amx_status().empty();
 int64_t tiles_done = 0;  // (block, tile) pairs v3 computed over every check, printed at the end
 
 // out vs ref: NaN exactly where ref is NaN, padded rows exactly 0, the rest within tol * max|ref|
@@ -143,12 +147,18 @@ std::vector<float> widen(const std::vector<T>& x) {
 }
 
 // One (layout, dtype) run of v3: the kernel on T-typed inputs vs the reference on the same (rounded) values.
+// amx: bf16 on AMX tiles (flash_amx.h) instead of PathFor<bf16>'s products.
 template <typename T>
 void check_v3(const char* what, const Case& c, const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
-              const std::vector<float>& v, double tol) {
+              const std::vector<float>& v, double tol, bool amx = false) {
   const auto qt = convert<T>(q), kt = convert<T>(k), vt = convert<T>(v);
   std::vector<T> o(q.size(), from_float<T>(kNaN));  // NaN-filled: a row the kernel forgets to write shows up
-  const int64_t tiles = attention_v3(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
+  int64_t tiles = 0;
+#if defined(BTLIB_AMX)
+  if constexpr (std::is_same_v<T, bf16>)
+    if (amx) tiles = attention_amx(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
+#endif
+  if (!amx) tiles = attention_v3(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
   compare(what, c, p, widen(o), reference(p, widen(qt), widen(kt), widen(vt), q.size()), tol);
   const int64_t want = band_tiles(p);
   ++checks;
@@ -209,6 +219,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   }
   check_v3<float>("v3 fp32", c, p, q, k, v, 1e-5);
   check_v3<bf16>("v3 bf16", c, p, q, k, v, 1.5e-2);  // P and O rounded to bf16: 2^-8 relative, twice
+  if (amx_ready) check_v3<bf16>("v3 amx", c, p, q, k, v, 1.5e-2, true);
 
   std::vector<int32_t> cu(B + 1, 0);  // varlen: the real rows packed as (total, H, D)
   for (int64_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + int32_t(c.lengths[b]);
@@ -227,6 +238,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   if (qp.empty()) return;
   check_v3<float>("varlen fp32", c, pv, qp, kp, vp, 1e-5);
   check_v3<bf16>("varlen bf16", c, pv, qp, kp, vp, 1.5e-2);
+  if (amx_ready) check_v3<bf16>("varlen amx", c, pv, qp, kp, vp, 1.5e-2, true);
 }
 
 }  // namespace
@@ -287,7 +299,8 @@ int main() {
           for (int64_t b = 0; b < c.B; ++b) c.lengths.push_back(b == 0 ? c.T : b == 1 ? 0 : len(rng));
           run_case(c, rng);
         }
-  std::printf("core_check %s W=%d kR=%d kNV=%d bf16dot=%d: %d checks, %d failures\n", kIsa, W, kR, kNV, int(kBf16Dot), checks,
-              failures);
+  if (!amx_ready) std::printf("amx: not checked: %s\n", amx_status().c_str());
+  std::printf("core_check %s W=%d kR=%d kNV=%d bf16dot=%d amx=%d: %d checks, %d failures\n", kIsa, W, kR, kNV, int(kBf16Dot),
+              int(amx_ready), checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -9,6 +9,7 @@ inputs' metadata. Each mirrors attention.cpp's binding:
         q (B, H, T, D), k, v (B, H, S, D) -> (B, H, T, D), q's dtype, contiguous (at::empty(q.sizes()))
     varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left, window_right, bias, bias_kind, bias_max_distance)
         q, k, v (total, H, D), cu_seqlens (B + 1,) int32 -> (total, H, D), q's dtype, contiguous
+    varlen_amx(...)   varlen_v3's signature (AMX tiles; float32 in and out runs bf16 products)
 
 They repeat the binding's checks that need no data (rank, dtype, shapes, head_dim, strides, the window's
 reaches, the position bias's kind and shape), with its messages. The checks that read values (lengths in [0, min(T, S)], cu_seqlens
@@ -30,7 +31,7 @@ from ... import _torch_private as tp
 
 __all__ = ["register", "OPS"]
 
-OPS = ("attention_v1", "attention_v2", "attention_v3", "varlen_v3")
+OPS = ("attention_v1", "attention_v2", "attention_v3", "varlen_v3", "varlen_amx")
 MAX_HEAD_DIM = 256  # kMaxD in core.h
 _registered: set[str] = set()
 
@@ -101,7 +102,7 @@ def _varlen(q, k, v, cu_seqlens, max_seqlen, causal, scale, window_left=-1, wind
     return q.new_empty(q.shape)  # (total, H, D) contiguous
 
 
-_FAKES = {"attention_v1": _v1, "attention_v2": _v1, "attention_v3": _v3, "varlen_v3": _varlen}
+_FAKES = {"attention_v1": _v1, "attention_v2": _v1, "attention_v3": _v3, "varlen_v3": _varlen, "varlen_amx": _varlen}
 
 
 def register(namespace: str) -> None:

@@ -8,8 +8,8 @@
 // (64, 64) and Br = Bc = 64: 3 tiles, 192 keys per row for 129 allowed). Per query block Q (Br x D),
 // S (Br x Bc) and O (Br x Dp) stay in L1/L2; K^T and V tiles are packed once per (b, h) per
 // thread, when a block first reaches them, and stream through.
-// The products run on a Path (flash_tiles.h: fp32; flash_bf16dot.h: vdpbf16ps); the softmax, the
-// masks, the position bias and the block loop below are the same for both.
+// The products run on a Path (flash_tiles.h: fp32; flash_bf16dot.h: vdpbf16ps; flash_amx.h: AMX tiles,
+// through attention_v3_on); the softmax, the masks, the position bias and the block loop below are the same for all.
 //
 // Position bias (ALiBi or a relative-position table, core.h's Problem::bias_kind): added to each row's
 // allowed scores of the tile, after Q K^T and before the online softmax, from (h, i, j) alone: a
@@ -73,16 +73,25 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t las
 }
 
 // S[c] += bias(h, i, j0 + c) * log2(e) for the row's allowed keys c in [first, last) of the tile.
-// i and j are positions within the sequence; d = j - i runs over consecutive values along the row.
+// i and j are positions within the sequence; d = j - i runs over consecutive values along the row, so
+// both kinds are written as loops the compiler vectorises: ALiBi in int32 (|d| < 2^31 within a
+// sequence) converted to float, the table as a contiguous slice t[d] where |d| <= R and its end
+// values beyond (a clamp per score compiled to a scalar gather: MEASURED).
 inline void add_position_bias(const Problem& p, int64_t h, int64_t i, int64_t j0, float* S, int64_t first, int64_t last) {
   if (p.bias_kind == kBiasAlibi) {
     const float slope = -p.bias[h] * kLog2e;  // -slope |d| in base 2
-    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(j0 + c - i));
-  } else {  // kBiasTable: row h, centred on d = 0
-    const int64_t R = p.bias_R;
-    const float* t = p.bias + h * (2 * R + 1) + R;
-    for (int64_t c = first; c < last; ++c) S[c] += t[std::clamp<int64_t>(j0 + c - i, -R, R)] * kLog2e;
+    const int32_t d0 = int32_t(j0 - i);
+    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(d0 + int32_t(c)));
+    return;
   }
+  // kBiasTable: row h, centred on d = 0; keys c < lo have d < -R, keys c >= hi have d > R.
+  const int64_t R = p.bias_R;
+  const float* t = p.bias + h * (2 * R + 1) + R;
+  const int64_t lo = std::clamp<int64_t>(i - R - j0, first, last), hi = std::clamp<int64_t>(i + R + 1 - j0, lo, last);
+  const float below = t[-R] * kLog2e, above = t[R] * kLog2e;
+  for (int64_t c = first; c < lo; ++c) S[c] += below;
+  for (int64_t c = lo; c < hi; ++c) S[c] += t[j0 - i + c] * kLog2e;  // d = j0 + c - i in [-R, R]
+  for (int64_t c = hi; c < last; ++c) S[c] += above;
 }
 
 // One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
@@ -118,8 +127,7 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
       Path::pack_kv_tile(p, k, v, b, h, Dp, j0, ws);
       ws.tile_ready[j0 / Bc] = 1;
     }
-    for (int64_t i0 = 0; i0 < nq; i0 += kR)  // S = Q K^T * scale * log2(e)
-      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, nk); });
+    Path::qk_block(ws, D, nq, j0, nk);  // S = Q K^T * scale * log2(e)
     for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile
       const int64_t first = std::clamp<int64_t>(p.key_lo(q0 + i) - j0, 0, nk);
       const int64_t last = std::clamp<int64_t>(p.key_hi(b, q0 + i) - j0, 0, nk);
@@ -127,8 +135,7 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
       ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i]);
       Path::store_p(ws, i, nk);
     }
-    for (int64_t i0 = 0; i0 < nq; i0 += kR)  // O = diag(alpha) O + P V
-      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template pv<R()>(ws, Dp, i0, j0, nk); });
+    Path::pv_block(ws, Dp, nq, j0, nk);  // O = diag(alpha) O + P V
   }
   for (int64_t i = 0; i < nq; ++i) {
     // O = O / l. l >= 1 once a score is finite; l = 0 for a row with no key or only -inf scores,
@@ -144,9 +151,9 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
 // v3 over all (b, h, query block) tasks on `threads` workers of parallel_for (core.h), then the
 // padded output rows set to 0. T is float or bf16. Returns the number of (query block, key tile)
 // pairs computed: the work done, which a window cuts (core_check.cpp counts the band's tiles).
-template <typename T, typename ParallelFor>
-int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
-  using Path = typename PathFor<T>::type;
+// Path: how the two products run (PathFor<T>: fp32 or vdpbf16ps; flash_amx.h's AmxPath on AMX tiles).
+template <typename Path, typename T, typename ParallelFor>
+int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
   struct Task { int64_t b, h, q0; };
   std::vector<Task> tasks;  // only blocks with real query rows
   for (int64_t b = 0; b < p.B; ++b)
@@ -160,7 +167,7 @@ int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o,
   // varlen) work.
   const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
   std::atomic<int64_t> tiles{0};
-  for_tasks<Workspace>(parallel_for, threads, n, chunk, [&](int64_t t, Workspace& ws) {
+  for_tasks<typename Path::Local>(parallel_for, threads, n, chunk, [&](int64_t t, Workspace& ws) {
     tiles.fetch_add(flash_block<Path>(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
   });
   if (p.cu_seqlens || !p.lengths) return tiles.load();  // no padded rows
@@ -170,6 +177,11 @@ int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o,
     zero_rows(p, o, t / p.H, t % p.H, p.len_q(t / p.H), p.rows_out(t / p.H));
   });
   return tiles.load();
+}
+
+template <typename T, typename ParallelFor>
+int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
+  return attention_v3_on<typename PathFor<T>::type>(p, q, k, v, o, threads, parallel_for);
 }
 
 }  // namespace btlib_core

@@ -62,7 +62,7 @@ inline void pv_tile_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, in
     for (int n = 0; n < NV; ++n) vstore(O + r * Dp + n * W, acc[r][n]);
 }
 
-struct Bf16DotPath {
+struct Bf16DotPath : RowTiles<Bf16DotPath> {
   static void reserve_kv(const Problem& p, int64_t b, int64_t Dp, Workspace& ws) {
     const int64_t Tp = round_up(p.len_k(b), Bc);
     ws.kt2.resize(Tp * (p.D + 1) / 2 * 2);

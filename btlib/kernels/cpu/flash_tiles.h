@@ -101,8 +101,25 @@ inline void across_d(int64_t Dp, Tile&& tile) {
   }
 }
 
+// The block loops of the paths that compute kR query rows at a time (F32Path, Bf16DotPath): flash.h calls
+// qk_block / pv_block once per (query block, key tile); a path with other tiles (flash_amx.h) has its own.
+template <typename Path>
+struct RowTiles {
+  using Local = Workspace;  // the per-thread state for_tasks makes
+  // S rows [0, nq) = Q K^T * scale * log2(e) for the nk keys of block j0
+  static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t nk) {
+    for (int64_t i0 = 0; i0 < nq; i0 += kR)
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, nk); });
+  }
+  // O rows [0, nq) = diag(alpha) O + P V
+  static void pv_block(Workspace& ws, int64_t Dp, int64_t nq, int64_t j0, int64_t nk) {
+    for (int64_t i0 = 0; i0 < nq; i0 += kR)
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template pv<R()>(ws, Dp, i0, j0, nk); });
+  }
+};
+
 template <typename T>
-struct F32Path {
+struct F32Path : RowTiles<F32Path<T>> {
   // room for sequence b's K^T and V; tiles are packed by pack_kv_tile
   static void reserve_kv(const Problem& p, int64_t b, int64_t Dp, Workspace& ws) {
     const int64_t Tp = round_up(p.len_k(b), Bc);

@@ -12,6 +12,9 @@
 //                  -> into y (M, N) f32 (y may be acc itself when acc is f32)
 //                  y[m,n] = act(acc[m,n] s_m w_n + b_n) + r[m,n]: one read of acc, one write of y; act 0 none,
 //                  1 exact GELU (vec.h's vgelu), 2 ReLU (torch ops: 4-5 passes with the activation and residual).
+//   requantize     acc, s, w, b, act as dequantize (no residual), a (N,) or empty, u8 -> into q (M, N), s_out (M, 1):
+//                  quantize_rows(act(acc s w + b), a, u8) with the float row kept in L1, never written: linear1's
+//                  output goes straight to linear2's int8 input.
 //
 // The vector loops are written with vec.h's type plus the int32 <-> float conversions below (AVX-512, AVX2);
 // other builds run the same arithmetic in plain loops. Measured on an Intel Xeon (AMX, 2 threads): the plain
@@ -25,6 +28,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -88,6 +93,42 @@ inline uint32_t abs_bits(float x) {
   return b & 0x7fffffffu;
 }
 
+// One row of quantize_rows: q = round(x a / s) (uint8 q + 128 if u8), returns s, or NaN (and q = 0) where the row
+// holds NaN or inf.
+float quantize_row(const float* xr, const float* A, int64_t K, int8_t* qr, bool u8) {
+  // max |x a| over the row, taken on the bit patterns: for x >= 0 their integer order is the float
+  // order, and NaN (above inf) is not dropped as std::max(float) drops it. Vectorises as well (pmaxud).
+  int64_t k0 = 0;
+  uint32_t mx_bits = kVec ? max_abs_bits(xr, A, K, k0) : 0;
+  if (A) {
+    for (int64_t k = k0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k] * A[k]));
+  } else {
+    for (int64_t k = k0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k]));
+  }
+  if (mx_bits >= kInfBits) {  // NaN or inf in the row
+    std::memset(qr, u8 ? 0x80 : 0, K);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  float mx;
+  std::memcpy(&mx, &mx_bits, sizeof mx);
+  const float scale = std::max(mx, 1e-12f) / 127.f, inv = 1.f / scale;
+  int64_t k = 0;
+  if (kVec) {
+    const vf vinv = vset1(inv);
+    for (; k + W <= K; k += W) store_i8(qr + k, vmul(A ? vmul(vload(xr + k), vload(A + k)) : vload(xr + k), vinv));
+  }
+  if (A) {
+    for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * A[k] * inv));
+  } else {
+    for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * inv));
+  }
+  if (u8) {  // q + 128 as uint8 is q's bit pattern with the top bit flipped; the row is still in L1
+    auto* ur = reinterpret_cast<uint8_t*>(qr);
+    for (int64_t j = 0; j < K; ++j) ur[j] ^= 0x80u;
+  }
+  return scale;
+}
+
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a, bool u8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "quantize_rows: x must be a contiguous (M, K) float32 CPU tensor");
@@ -98,45 +139,10 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& a, 
   auto s = at::empty({M, 1}, x.options());
   const float* X = x.data_ptr<float>();
   const float* A = a.numel() ? a.data_ptr<float>() : nullptr;
-  int8_t* Q = static_cast<int8_t*>(q.data_ptr());  // uint8 when u8: the same bytes, offset below
+  int8_t* Q = static_cast<int8_t*>(q.data_ptr());  // uint8 when u8: the same bytes, offset in quantize_row
   float* S = s.data_ptr<float>();
   at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      const float* xr = X + m * K;
-      int8_t* qr = Q + m * K;
-      // max |x a| over the row, taken on the bit patterns: for x >= 0 their integer order is the float
-      // order, and NaN (above inf) is not dropped as std::max(float) drops it. Vectorises as well (pmaxud).
-      int64_t k0 = 0;
-      uint32_t mx_bits = kVec ? max_abs_bits(xr, A, K, k0) : 0;
-      if (A) {
-        for (int64_t k = k0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k] * A[k]));
-      } else {
-        for (int64_t k = k0; k < K; ++k) mx_bits = std::max(mx_bits, abs_bits(xr[k]));
-      }
-      if (mx_bits >= kInfBits) {  // NaN or inf in the row
-        std::memset(qr, u8 ? 0x80 : 0, K);
-        S[m] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      float mx;
-      std::memcpy(&mx, &mx_bits, sizeof mx);
-      const float scale = std::max(mx, 1e-12f) / 127.f, inv = 1.f / scale;
-      int64_t k = 0;
-      if (kVec) {
-        const vf vinv = vset1(inv);
-        for (; k + W <= K; k += W) store_i8(qr + k, vmul(A ? vmul(vload(xr + k), vload(A + k)) : vload(xr + k), vinv));
-      }
-      if (A) {
-        for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * A[k] * inv));
-      } else {
-        for (; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(xr[k] * inv));
-      }
-      if (u8) {  // q + 128 as uint8 is q's bit pattern with the top bit flipped; the row is still in L1
-        auto* ur = reinterpret_cast<uint8_t*>(qr);
-        for (int64_t j = 0; j < K; ++j) ur[j] ^= 0x80u;
-      }
-      S[m] = scale;
-    }
+    for (int64_t m = begin; m < end; ++m) S[m] = quantize_row(X + m * K, A, K, Q + m * K, u8);
   });
   return {q, s};
 }
@@ -158,31 +164,33 @@ inline vf actv(vf v) {
 inline vf load_acc(const int32_t* p) { return load_i32(p); }
 inline vf load_acc(const float* p) { return vload(p); }
 
+// One row: yr = act(cr sm w + b) + rr (rr may be null).
+template <int64_t A, typename T>
+inline void dequantize_rows_serial(const T* cr, float sm, const float* Wt, const float* B, const float* rr, float* yr,
+                                   int64_t N) {
+  int64_t n = 0;
+  if (kVec) {
+    const vf vs = vset1(sm);
+    for (; n + W <= N; n += W) {
+      vf v = vmul(load_acc(cr + n), vs);
+      if (Wt) v = vmul(v, vload(Wt + n));
+      if (B) v = vadd(v, vload(B + n));
+      v = actv<A>(v);
+      vstore(yr + n, rr ? vadd(v, vload(rr + n)) : v);
+    }
+  }
+  for (; n < N; ++n) {
+    const float v = act1<A>(static_cast<float>(cr[n]) * sm * (Wt ? Wt[n] : 1.f) + (B ? B[n] : 0.f));
+    yr[n] = rr ? v + rr[n] : v;
+  }
+}
+
 template <int64_t A, typename T>
 void dequantize_rows(const T* C, const float* Sp, const float* Wt, const float* B, const float* R, float* Y,
                      int64_t M, int64_t N) {
   at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      const T* cr = C + m * N;
-      const float* rr = R ? R + m * N : nullptr;
-      float* yr = Y + m * N;
-      const float sm = Sp[m];
-      int64_t n = 0;
-      if (kVec) {
-        const vf vs = vset1(sm);
-        for (; n + W <= N; n += W) {
-          vf v = vmul(load_acc(cr + n), vs);
-          if (Wt) v = vmul(v, vload(Wt + n));
-          if (B) v = vadd(v, vload(B + n));
-          v = actv<A>(v);
-          vstore(yr + n, rr ? vadd(v, vload(rr + n)) : v);
-        }
-      }
-      for (; n < N; ++n) {
-        const float v = act1<A>(static_cast<float>(cr[n]) * sm * (Wt ? Wt[n] : 1.f) + (B ? B[n] : 0.f));
-        yr[n] = rr ? v + rr[n] : v;
-      }
-    }
+    for (int64_t m = begin; m < end; ++m)
+      dequantize_rows_serial<A>(C + m * N, Sp[m], Wt, B, R ? R + m * N : nullptr, Y + m * N, N);
   });
 }
 
@@ -217,11 +225,65 @@ void dequantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w,
   else dequantize_as(acc.data_ptr<float>(), Sp, Wt, B, act, R, Y, M, N);
 }
 
+// requantize: dequantize's row (act(acc s w + b), no residual) quantized again for the next int8 linear without
+// being written as floats: the row lives in a per-thread buffer (N floats, L1) between the two loops. Saves the
+// float (M, N) write and its read back, the widest activation of a layer (linear1's output, 4 x d_model).
+template <int64_t A, typename T>
+void requantize_rows(const T* C, const float* Sp, const float* Wt, const float* B, const float* An, bool u8, int8_t* Q,
+                     float* S, int64_t M, int64_t N) {
+  at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(N);
+    for (int64_t m = begin; m < end; ++m) {
+      dequantize_rows_serial<A>(C + m * N, Sp[m], Wt, B, nullptr, row.data(), N);
+      S[m] = quantize_row(row.data(), An, N, Q + m * N, u8);
+    }
+  });
+}
+
+void requantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b, int64_t act,
+                const at::Tensor& a, bool u8, at::Tensor& q, at::Tensor& s_out) {
+  TORCH_CHECK(acc.dim() == 2 && (acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat) && acc.is_contiguous(),
+              "requantize: acc must be a contiguous (M, N) int32 or float32 tensor");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(s.numel() == M && s.scalar_type() == at::kFloat && s.is_contiguous(), "requantize: s must be (M, 1) float32");
+  TORCH_CHECK(w.numel() == 0 || (w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous()),
+              "requantize: w must be empty or (N,) float32");
+  TORCH_CHECK(b.numel() == 0 || (b.numel() == N && b.scalar_type() == at::kFloat && b.is_contiguous()),
+              "requantize: b must be empty or (N,) float32");
+  TORCH_CHECK(a.numel() == 0 || (a.numel() == N && a.scalar_type() == at::kFloat && a.is_contiguous()),
+              "requantize: a must be empty or a contiguous (N,) float32 tensor");
+  TORCH_CHECK(act == kNone || act == kGelu || act == kRelu, "requantize: act must be 0 (none), 1 (GELU) or 2 (ReLU)");
+  TORCH_CHECK(q.dim() == 2 && q.size(0) == M && q.size(1) == N && q.is_contiguous() &&
+              q.scalar_type() == (u8 ? at::kByte : at::kChar), "requantize: q must be a contiguous (M, N) int8 tensor "
+              "(uint8 if u8)");
+  TORCH_CHECK(s_out.numel() == M && s_out.scalar_type() == at::kFloat && s_out.is_contiguous(),
+              "requantize: s_out must be a contiguous (M, 1) float32 tensor");
+  const float *Sp = s.data_ptr<float>(), *Wt = w.numel() ? w.data_ptr<float>() : nullptr;
+  const float* B = b.numel() ? b.data_ptr<float>() : nullptr;
+  const float* An = a.numel() ? a.data_ptr<float>() : nullptr;
+  auto* Q = static_cast<int8_t*>(q.data_ptr());
+  float* So = s_out.data_ptr<float>();
+  auto run = [&](auto* C) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(C)>>;
+    if (act == kGelu) requantize_rows<kGelu, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
+    else if (act == kRelu) requantize_rows<kRelu, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
+    else requantize_rows<kNone, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
+  };
+  if (acc.scalar_type() == at::kInt) run(acc.data_ptr<int32_t>());
+  else run(acc.data_ptr<float>());
+}
+
 }  // namespace
 
+// All three release the GIL while they run, as gemm.cpp's linear and PyTorch's own ops do: they touch no Python object
+// (pybind11 converts the arguments before the guard and the result after it), and holding the GIL through a pass
+// kept a server's event loop thread waiting for as long.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 of x * a: (q (M, K) int8, or uint8 q + 128 if u8, "
-        "s (M, 1) float32)", py::arg("x"), py::arg("a"), py::arg("u8") = false);
+        "s (M, 1) float32)", py::arg("x"), py::arg("a"), py::arg("u8") = false, py::call_guard<py::gil_scoped_release>());
   m.def("dequantize", &dequantize, "y (M, N) float32 = act(acc (M, N) int32 or float32 * s (M, 1) * w (N,) + b (N,)) "
-        "+ r (M, N); w, b, r: tensors or empty; act 0/1/2: none/GELU/ReLU");
+        "+ r (M, N); w, b, r: tensors or empty; act 0/1/2: none/GELU/ReLU", py::call_guard<py::gil_scoped_release>());
+  m.def("requantize", &requantize, "dequantize's act(acc * s * w + b), quantized per row as quantize_rows(., a, u8) "
+        "into q (M, N) and s_out (M, 1) without a float write; w, b, a: tensors or empty",
+        py::call_guard<py::gil_scoped_release>());
 }
