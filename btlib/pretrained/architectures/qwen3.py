@@ -23,7 +23,7 @@ exactly that on packed tokens: the row cu_seqlens[b + 1] - 1. A folder without m
 sentence-transformers would do it.
 
 Grouped-query attention: btlib's varlen kernels take one head count for q, k and v (the C++ kernel checks it), so k and
-v are copied out to H heads with repeat_interleave before the call: 2 H Dh elements written per token and layer, of
+v are copied out to H heads (each key head G = H / Hkv times in a row, an expand + reshape) before the call: 2 H Dh elements written per token and layer, of
 which 2 (H - Hkv) Dh are repeats (Qwen3-Embedding-0.6B, H 16, Hkv 8, Dh 128: 4096 floats, 16 KiB in fp32, beside the
 ~31 M FLOPs per token of the layer's linear maps). A GQA-aware kernel would read each key head once for its G = H / Hkv
 query heads instead and write nothing.
@@ -114,7 +114,7 @@ class Qwen3Layer(nn.Module):
         k = apply_rope(self.k_norm(k.view(total, Hkv, Dh)), *rope)  # (total, Hkv, Dh)
         v = v.view(total, Hkv, Dh)  # a strided view: the kernels take any strides with Dh contiguous
         if Hkv != H:  # GQA (module docstring: the copy's cost): key head j serves query heads j G .. j G + G - 1
-            k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (total, H, Dh)
+            k, v = (t.unsqueeze(2).expand(total, Hkv, H // Hkv, Dh).reshape(total, H, Dh) for t in (k, v))  # (total, H, Dh)
         o = kernel.fn(q, k, v, cu_seqlens, max_seqlen, causal=True, scale=None)  # (total, H, Dh), scale 1 / sqrt(Dh)
         x = _residual(x, o.reshape(total, H * Dh), self.Wo)
         g, u = gemm.module_linear(self.Wi, self.mlp_norm(x)).chunk(2, dim=-1)  # (total, f) each
