@@ -202,19 +202,26 @@ void dequantize_as(const T* C, const float* Sp, const float* Wt, const float* B,
   else dequantize_rows<kNone>(C, Sp, Wt, B, R, Y, M, N);
 }
 
+// The arguments dequantize and requantize share: acc (M, N) int32 or float32, s (M, 1), w and b (N,) or empty, act.
+void check_epilogue(const char* fn, const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b,
+                    int64_t act) {
+  TORCH_CHECK(acc.dim() == 2 && (acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat) && acc.is_contiguous(),
+              fn, ": acc must be a contiguous (M, N) int32 or float32 tensor");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(s.numel() == M && s.scalar_type() == at::kFloat && s.is_contiguous(), fn, ": s must be (M, 1) float32");
+  TORCH_CHECK(w.numel() == 0 || (w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous()),
+              fn, ": w must be empty or (N,) float32");
+  TORCH_CHECK(b.numel() == 0 || (b.numel() == N && b.scalar_type() == at::kFloat && b.is_contiguous()),
+              fn, ": b must be empty or (N,) float32");
+  TORCH_CHECK(act == kNone || act == kGelu || act == kRelu, fn, ": act must be 0 (none), 1 (GELU) or 2 (ReLU)");
+}
+
 void dequantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b, int64_t act,
                 const at::Tensor& r, at::Tensor& y) {
-  TORCH_CHECK(acc.dim() == 2 && (acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat) && acc.is_contiguous(),
-              "dequantize: acc must be a contiguous (M, N) int32 or float32 tensor");
+  check_epilogue("dequantize", acc, s, w, b, act);
   const int64_t M = acc.size(0), N = acc.size(1);
-  TORCH_CHECK(s.numel() == M && s.scalar_type() == at::kFloat && s.is_contiguous(), "dequantize: s must be (M, 1) float32");
-  TORCH_CHECK(w.numel() == 0 || (w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous()),
-              "dequantize: w must be empty or (N,) float32");
-  TORCH_CHECK(b.numel() == 0 || (b.numel() == N && b.scalar_type() == at::kFloat && b.is_contiguous()),
-              "dequantize: b must be empty or (N,) float32");
   TORCH_CHECK(r.numel() == 0 || (r.dim() == 2 && r.size(0) == M && r.size(1) == N && r.scalar_type() == at::kFloat &&
                                  r.is_contiguous()), "dequantize: r must be empty or a contiguous (M, N) float32 tensor");
-  TORCH_CHECK(act == kNone || act == kGelu || act == kRelu, "dequantize: act must be 0 (none), 1 (GELU) or 2 (ReLU)");
   TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N && y.scalar_type() == at::kFloat && y.is_contiguous(),
               "dequantize: y must be a contiguous (M, N) float32 tensor");
   const float *Sp = s.data_ptr<float>(), *Wt = w.numel() ? w.data_ptr<float>() : nullptr;
@@ -242,17 +249,10 @@ void requantize_rows(const T* C, const float* Sp, const float* Wt, const float* 
 
 void requantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b, int64_t act,
                 const at::Tensor& a, bool u8, at::Tensor& q, at::Tensor& s_out) {
-  TORCH_CHECK(acc.dim() == 2 && (acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat) && acc.is_contiguous(),
-              "requantize: acc must be a contiguous (M, N) int32 or float32 tensor");
+  check_epilogue("requantize", acc, s, w, b, act);
   const int64_t M = acc.size(0), N = acc.size(1);
-  TORCH_CHECK(s.numel() == M && s.scalar_type() == at::kFloat && s.is_contiguous(), "requantize: s must be (M, 1) float32");
-  TORCH_CHECK(w.numel() == 0 || (w.numel() == N && w.scalar_type() == at::kFloat && w.is_contiguous()),
-              "requantize: w must be empty or (N,) float32");
-  TORCH_CHECK(b.numel() == 0 || (b.numel() == N && b.scalar_type() == at::kFloat && b.is_contiguous()),
-              "requantize: b must be empty or (N,) float32");
   TORCH_CHECK(a.numel() == 0 || (a.numel() == N && a.scalar_type() == at::kFloat && a.is_contiguous()),
               "requantize: a must be empty or a contiguous (N,) float32 tensor");
-  TORCH_CHECK(act == kNone || act == kGelu || act == kRelu, "requantize: act must be 0 (none), 1 (GELU) or 2 (ReLU)");
   TORCH_CHECK(q.dim() == 2 && q.size(0) == M && q.size(1) == N && q.is_contiguous() &&
               q.scalar_type() == (u8 ? at::kByte : at::kChar), "requantize: q must be a contiguous (M, N) int8 tensor "
               "(uint8 if u8)");

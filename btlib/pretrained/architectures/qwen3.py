@@ -31,7 +31,7 @@ query heads instead and write nothing.
 Positions: transformers gives each sequence positions 0.. when run alone or right-padded; left-padded (Qwen3-Embedding's
 tokenizer pads on the left) it shifts them all by the padding, which RoPE's relative form leaves unchanged up to
 rounding. RoPE and the layer skeleton are ModernBERT's and NomicBERT's (rope_tables / apply_rope, _residual,
-activation; rotary_bert's load_pieces / file_state_dict), imported, not repeated. Parity is against transformers'
+activation; rotary_bert's load_folder / file_state_dict), imported, not repeated. Parity is against transformers'
 Qwen3Model on random-weight folders (tests/test_qwen3.py). Precisions: fp32 and bf16 (a cached bf16 copy of the
 layers); int8 is refused (btlib.quant's int8 twin is built for nn.TransformerEncoder layers, which these are not).
 Caveats: no sliding-window layers, no scaled RoPE (yarn, dynamic, ...), one model.safetensors (no shards): refused
@@ -41,7 +41,6 @@ at load, by name.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -54,12 +53,10 @@ from ...packed_encoder import _select_varlen
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
 from ..encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
-from ..folders.checkpoint import read_config, read_state_dict, verify_sha256
 from ..folders.qwen3_config import Qwen3Spec, spec_from_config, tensor_plan
-from ..folders.st_folder import FolderPlan, special_ids
-from ..folders.st_folder import tokenizer as st_tokenizer
+from ..folders.st_folder import FolderPlan
 from .modernbert_layers import _residual, activation, apply_rope, rope_tables
-from .rotary_bert import file_state_dict, load_pieces
+from .rotary_bert import file_state_dict, load_folder
 
 __all__ = ["Qwen3Encoder", "load_qwen3", "instruct", "RMSNorm"]
 
@@ -228,15 +225,6 @@ def load_qwen3(plan: FolderPlan, *, expected_sha256: str | None = None) -> Qwen3
     Config (btlib.pretrained.folders.qwen3_config's table), every tensor's presence and shape, and the tokenizer are
     checked before a module is built: CheckpointError saying what to fix, never a half-loaded model.
     """
-    src = Path(plan.transformer_dir)
-    if expected_sha256:
-        verify_sha256(src / "model.safetensors", expected_sha256)
-    c, where = read_config(src)
-    spec = spec_from_config(c, str(where))
-    sd = read_state_dict(src)
-    pieces = tensor_plan(sd, spec)
-    tokenizer, max_length = st_tokenizer(plan, spec.max_positions, spec.max_positions)
-    model = Qwen3Encoder(spec, tokenizer, max_length, plan.head(spec.d_model))
-    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(src, tokenizer))
-    load_pieces(model, sd, pieces)
-    return model
+    return load_folder(plan, expected_sha256, spec_from_config, tensor_plan,
+                       lambda spec, tokenizer, max_length, src: Qwen3Encoder(spec, tokenizer, max_length,
+                                                                             plan.head(spec.d_model)))

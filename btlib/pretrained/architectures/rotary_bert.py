@@ -235,6 +235,17 @@ def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) ->
     checked before a module is built: CheckpointError saying what to fix, never a half-loaded model. Tensors the
     encoder does not use (a pooler, a masked-LM head) are kept aside, untouched, for btlib.to_hf_state_dict.
     """
+    def build(spec, tokenizer, max_length: int, src: Path) -> RotaryBertEncoder:
+        return RotaryBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model),
+                                 token_types=passes_token_types(src, "bert" if spec.family == "nomic_bert" else "gte"))
+
+    return load_folder(plan, expected_sha256, spec_from_config, tensor_plan, build)
+
+
+def load_folder(plan: FolderPlan, expected_sha256: str | None, spec_from_config, tensor_plan, build):
+    """The loading steps every rotary family shares (NomicBERT / GTE here, Qwen3): the file's sha256 where given, the
+    config read into a spec, every tensor checked against it (``tensor_plan``), the tokenizer, then the module
+    ``build(spec, tokenizer, max_length, src)`` makes, with the folder's prompts and the file's weights set."""
     src = Path(plan.transformer_dir)
     if expected_sha256:
         verify_sha256(src / "model.safetensors", expected_sha256)
@@ -243,8 +254,7 @@ def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) ->
     sd = read_state_dict(src)
     pieces = tensor_plan(sd, spec)
     tokenizer, max_length = st_tokenizer(plan, spec.max_positions, spec.max_positions)
-    model = RotaryBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model),
-                              token_types=passes_token_types(src, "bert" if spec.family == "nomic_bert" else "gte"))
+    model = build(spec, tokenizer, max_length, src)
     model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(src, tokenizer))
     load_pieces(model, sd, pieces)
     return model
