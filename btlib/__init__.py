@@ -15,6 +15,7 @@ Importing btlib is cheap: no kernel is compiled and no device is queried until u
 """
 
 from ._version import __version__
+from . import _mkl_vml  # noqa: F401  (one serial VML call first: see btlib/_mkl_vml.py)
 from .attention import attention, varlen_attention
 from .fastpath import FastpathReport, explain_fastpath
 from .observe import ops_that_ran
