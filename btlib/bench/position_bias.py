@@ -20,11 +20,13 @@ so the reference holds one (T, T) score matrix at a time), then timed; the bench
 the harness add ``peak_mib``, the peak tensor memory of one call (btlib.bench.peak_memory), to each row.
 Caveat: that counts torch tensors only. The C++ kernels' per-thread workspace (flash_tiles.h) is std::vector:
 K^T and V of one (b, h), 2 T D floats, plus Br x Bc scores and Br x D output (T = 4096, D = 64: ~2.1 MB a
-thread), O(T D) and outside the count; the bias itself is only its values, (H,) or (H, 2R + 1) floats.
-Measured (2-core Xeon, AVX-512, T 256-4096, D 64, with other jobs on the machine): before commit 480c46d ALiBi cost
-1.6-3.2x and the table 1.4-2.0x (denormal P from far keys' exp2, and unvectorised bias loops, flash.h / vec.h); after
-it, a direct probe at T 1024 and 4096 gave 1.05-1.07x for both. :func:`bias_summary` prints, per T, each row's time over its own kernel without bias and its peak next to the
-4 H T^2 bytes a (H, T, T) fp32 bias would take.
+thread), O(T D) and outside the count; the bias is its values, (H,) or (H, 2R + 1) floats, and the kernel's
+per-call expansion of them to every distance, H (2T - 1 + 16) floats (T = 4096, H = 12: 384 KiB), O(H T).
+Measured (2-core Intel Xeon, AVX-512, T 256-4096, D 64): before commit 480c46d ALiBi cost 1.6-3.2x and the table
+1.4-2.0x (denormal P from far keys' exp2, and unvectorised bias loops, flash.h / vec.h); with the bias added per
+score in its own pass over the tile row, 1.04-1.12x (``--rounds 3``); with the expanded rows added inside the
+softmax's max pass, 0.97-1.04x. :func:`bias_summary` prints, per T, each row's time over its own kernel without
+bias and its peak next to the 4 H T^2 bytes a (H, T, T) fp32 bias would take.
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@
 // through attention_v3_on); the softmax, the masks, the position bias and the block loop below are the same for all.
 //
 // Position bias (ALiBi or a relative-position table, core.h's Problem::bias_kind): added to each row's
-// allowed scores of the tile, after Q K^T and before the online softmax, from (h, i, j) alone: a
-// (T, T) bias never exists. In log2 units like S (times log2 e), fp32 for both paths. Cost: one
-// gather or multiply-add per allowed score, ~1/(2D) of the Q K^T product's flops; without a bias
-// the per-row branch is all that remains.
+// scores of the tile after Q K^T, inside the online softmax's max pass, from (h, j - i) alone: a (T, T)
+// bias never exists. Per call the bias of every distance is written out once per head (BiasRows, H x 2T
+// floats, in log2 units like S); a tile row reads its slice of that, so each score costs one load and
+// one add beside the ~2D flops of its Q K^T product, whatever the kind. Without a bias the per-row
+// pointer test is all that remains.
 //
 // NaN and inf, as in the reference: a row whose attended scores hold a NaN or +inf is NaN in every
 // element (softmax of it is NaN); a row whose attended scores are all -inf outputs 0 (as SDPA; a
@@ -37,14 +38,24 @@ namespace btlib_core {
 // and sum l, leaves P = 2^(S - m_new) in place (exact 0 where masked: replaced, never multiplied,
 // so a NaN or inf score there cannot leak) and returns alpha = 2^(m_old - m_new), the factor
 // that rescales what O holds. A NaN score can be lost by the max but not by S - m_new: its P is
-// NaN, so l and O are.
-inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t last, float& m, float& l) {
+// NaN, so l and O are. bias (or nullptr): the row's position bias in log2 units, bias[c] for key c,
+// added to S in the max pass (one extra load, add and store per vector; the scores are read once).
+inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t last, float& m, float& l,
+                                const float* bias = nullptr) {
   if (last <= first) {
     std::fill_n(S, round_up(nk, W), 0.0f);  // whole vectors: the bf16 path reads P in pairs
     return 1.0f;
   }
   vf mx = vset1(kNegInf);
-  for (int64_t c = first / W * W; c < last; c += W) mx = vmax(mx, vkeep_range(vload(S + c), int(first - c), int(last - c), kNegInf));
+  if (bias) {
+    for (int64_t c = first / W * W; c < last; c += W) {
+      const vf x = vadd(vload(S + c), vload(bias + c));  // lanes outside [first, last) are masked below and by the exp pass
+      vstore(S + c, x);
+      mx = vmax(mx, vkeep_range(x, int(first - c), int(last - c), kNegInf));
+    }
+  } else {
+    for (int64_t c = first / W * W; c < last; c += W) mx = vmax(mx, vkeep_range(vload(S + c), int(first - c), int(last - c), kNegInf));
+  }
   const float m_new = std::max(m, vhmax(mx));                     // m_new = max(m, rowmax(S))
   const float alpha = m == kNegInf ? 0.0f : std::exp2(m - m_new);  // rescale l and O to the new max
   if (m_new == kNegInf) {
@@ -72,33 +83,43 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t las
   return alpha;
 }
 
-// S[c] += bias(h, i, j0 + c) * log2(e) for the row's allowed keys c in [first, last) of the tile.
-// i and j are positions within the sequence; d = j - i runs over consecutive values along the row, so
-// both kinds are written as loops the compiler vectorises: ALiBi in int32 (|d| < 2^31 within a
-// sequence) converted to float, the table as a contiguous slice t[d] where |d| <= R and its end
-// values beyond (a clamp per score compiled to a scalar gather: MEASURED).
-inline void add_position_bias(const Problem& p, int64_t h, int64_t i, int64_t j0, float* S, int64_t first, int64_t last) {
-  if (p.bias_kind == kBiasAlibi) {
-    const float slope = -p.bias[h] * kLog2e;  // -slope |d| in base 2
-    const int32_t d0 = int32_t(j0 - i);
-    for (int64_t c = first; c < last; ++c) S[c] += slope * float(std::abs(d0 + int32_t(c)));
-    return;
+// The position bias of every distance a call can meet, per head, in log2 units: row h holds
+// bias(h, d) * log2(e) for d = j - i in [-(L - 1), L - 1] at index d + L - 1, L the longest sequence
+// (query or key side), then W zeros (a row's last vector may read up to W - 1 past its last key).
+// H (2L - 1 + W) floats, built once per call: O(H T), never a (T, T) tensor. A tile row then reads
+// its bias as one contiguous slice, bias(h, j0 + c - i) for key c, whatever the kind: ALiBi's
+// -slope |d| and the table's clamp to [-R, R] are paid here, not per score.
+struct BiasRows {
+  std::vector<float> v;
+  int64_t stride = 0, zero = 0;  // row h starts at h * stride; distance d sits at zero + d
+  const float* at(int64_t h, int64_t i, int64_t j0) const { return v.data() + h * stride + zero + (j0 - i); }
+};
+inline BiasRows expand_position_bias(const Problem& p) {
+  BiasRows r;
+  if (p.bias_kind == kBiasNone) return r;
+  int64_t L = 1;
+  for (int64_t b = 0; b < p.B; ++b) L = std::max({L, p.len_q(b), p.len_k(b)});
+  r.zero = L - 1, r.stride = 2 * L - 1 + W;
+  r.v.assign(p.H * r.stride, 0.0f);
+  for (int64_t h = 0; h < p.H; ++h) {
+    float* row = r.v.data() + h * r.stride + r.zero;
+    if (p.bias_kind == kBiasAlibi) {
+      const float slope = -p.bias[h] * kLog2e;  // -slope |d| in base 2
+      for (int64_t d = -(L - 1); d < L; ++d) row[d] = slope * float(std::abs(d));
+    } else {  // kBiasTable: row h of (H, 2R + 1), centred on d = 0, its end values beyond |d| = R
+      const int64_t R = p.bias_R;
+      const float* t = p.bias + h * (2 * R + 1) + R;
+      for (int64_t d = -(L - 1); d < L; ++d) row[d] = t[std::clamp(d, -R, R)] * kLog2e;
+    }
   }
-  // kBiasTable: row h, centred on d = 0; keys c < lo have d < -R, keys c >= hi have d > R.
-  const int64_t R = p.bias_R;
-  const float* t = p.bias + h * (2 * R + 1) + R;
-  const int64_t lo = std::clamp<int64_t>(i - R - j0, first, last), hi = std::clamp<int64_t>(i + R + 1 - j0, lo, last);
-  const float below = t[-R] * kLog2e, above = t[R] * kLog2e;
-  for (int64_t c = first; c < lo; ++c) S[c] += below;
-  for (int64_t c = lo; c < hi; ++c) S[c] += t[j0 - i + c] * kLog2e;  // d = j0 + c - i in [-R, R]
-  for (int64_t c = hi; c < last; ++c) S[c] += above;
+  return r;
 }
 
 // One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
 // Returns the number of key tiles it visited (core_check.cpp checks it against the band).
 template <typename Path, typename T>
-int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h, int64_t q0,
-                    Workspace& ws) {
+int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T* k, const T* v, T* o, int64_t b,
+                    int64_t h, int64_t q0, Workspace& ws) {
   const int64_t D = p.D, Dp = round_up(D, W);
   const int64_t nq = std::min(Br, p.len_q(b) - q0);  // real query rows of this block
   ws.S.resize(Br * Bc);
@@ -131,8 +152,8 @@ int64_t flash_block(const Problem& p, const T* q, const T* k, const T* v, T* o, 
     for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile
       const int64_t first = std::clamp<int64_t>(p.key_lo(q0 + i) - j0, 0, nk);
       const int64_t last = std::clamp<int64_t>(p.key_hi(b, q0 + i) - j0, 0, nk);
-      if (p.bias_kind != kBiasNone) add_position_bias(p, h, q0 + i, j0, ws.S.data() + i * Bc, first, last);
-      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i]);
+      const float* row_bias = bias.v.empty() ? nullptr : bias.at(h, q0 + i, j0);
+      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i], row_bias);
       Path::store_p(ws, i, nk);
     }
     Path::pv_block(ws, Dp, nq, j0, nk);  // O = diag(alpha) O + P V
@@ -167,8 +188,9 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
   // varlen) work.
   const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
   std::atomic<int64_t> tiles{0};
+  const BiasRows bias = expand_position_bias(p);
   for_tasks<typename Path::Local>(parallel_for, threads, n, chunk, [&](int64_t t, Workspace& ws) {
-    tiles.fetch_add(flash_block<Path>(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
+    tiles.fetch_add(flash_block<Path>(p, bias, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
   });
   if (p.cu_seqlens || !p.lengths) return tiles.load();  // no padded rows
   struct None {};
