@@ -340,7 +340,9 @@ def test_encode_of_token_ids_is_exact(folder):
     ([[2, -1, 3]], ValueError, r"token id -1, outside \[0, vocab_size=61\)"),
     ([[2, 61, 3]], ValueError, r"token id 61, outside \[0, vocab_size=61\)"),
     (b"w1", TypeError, "wrap a single text in a list"),
-], ids=["bytes", "mixed", "none", "float-id", "bool-id", "empty-last", "empty-first", "negative", "vocab-size", "bytes-alone"])
+    (["w1", "w2 \ud800"], ValueError, r"texts\[1\] holds a lone surrogate \(U\+D800 at character 3\)"),
+], ids=["bytes", "mixed", "none", "float-id", "bool-id", "empty-last", "empty-first", "negative", "vocab-size", "bytes-alone",
+        "lone-surrogate"])
 def test_encode_refuses_bad_token_ids(folder, texts, error, match):
     """Bytes were read as ids, an empty id list pooled the next sequence's CLS (or raised IndexError when
     last), ids outside the vocabulary raised the embedding's IndexError: now each says what to pass."""

@@ -154,4 +154,10 @@ def test_encode_rejects_bad_calls(model):
         model.encode("one string")
     with pytest.raises(ValueError, match="path must be one of"):
         model.encode(["x"], path="fast")
+    # a str may hold a lone surrogate (a JSON "\\ud800" escape, bytes decoded with surrogateescape); the Rust
+    # tokenizer raised a TypeError about its input type for it
+    with pytest.raises(ValueError, match=r"texts\[1\] holds a lone surrogate \(U\+DC80 at character 2\).*errors='replace'"):
+        model.encode(["fine", "ab\udc80 c"])
+    with pytest.raises(ValueError, match=r"texts\[0\]\[0\] holds a lone surrogate"):
+        model.encode([("\ud83d", "a pair")])
     assert model.encode([]).shape == (0, 384)

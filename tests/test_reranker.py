@@ -145,6 +145,10 @@ def test_bad_calls_say_what_to_pass(tmp_path):
                        ([("a", "b"), "c"], r"pairs\[1\] is str"), (None, "got NoneType")]:
         with pytest.raises(ValueError, match=f"list of \\(query, document\\) pairs.*{match}"):
             reranker.predict(bad)
+    with pytest.raises(ValueError, match=r"pairs\[1\]\[1\] holds a lone surrogate \(U\+DC00 at character 0\)"):
+        reranker.predict([("a", "b"), ("q", "\udc00 doc")])
+    with pytest.raises(ValueError, match=r"pairs\[0\]\[0\] holds a lone surrogate"):
+        reranker.rank("q\ud800", ["d"])
     for kw, match in [({"activation": "relu"}, "activation must be None"), ({"batch_size": 0}, "batch_size"),
                       ({"precision": "fp16"}, "precision must be")]:
         with pytest.raises(ValueError, match=match):

@@ -23,9 +23,10 @@ PASSAGE = "Packed tokens and cu_seqlens let a batch of ragged sentences cost onl
 class Recorder:
     """The real model, recording the texts of every forward pass; ``gate`` (if set) holds each pass until released."""
 
-    def __init__(self, model, gate: threading.Event | None = None, fail: bool = False):
+    def __init__(self, model, gate: threading.Event | None = None, fail: bool = False, poison: str | None = None):
         self.model, self.tokenizer, self.max_length = model, model.tokenizer, model.max_length
         self.gate, self.fail, self.calls, self.started = gate, fail, [], threading.Event()
+        self.poison = poison  # a text whose batch raises (an input error no check at submit caught)
 
     def __getattr__(self, name):  # the rest is the model's (pooling, PairScorer's scores_pairs): the app sees the model
         if name == "model":
@@ -42,6 +43,8 @@ class Recorder:
             assert self.gate.wait(30), "test gate never released"
         if self.fail:
             raise RuntimeError("model failed")
+        if self.poison in texts:
+            raise RuntimeError(f"model failed on {self.poison!r}")
         return self.model.encode(texts, batch_size=batch_size, precision=precision)
 
 
@@ -132,6 +135,24 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on(model):
     assert b.snapshot()["failed"] == 1
 
 
+def test_an_input_that_fails_its_batch_fails_only_its_own_request(model):
+    """The batch is retried one request at a time: the others in it get their rows, the culprit its error."""
+    gate = threading.Event()
+    rec = Recorder(model, gate=gate, poison="poison")
+    with BatchEncoder(rec, max_wait_ms=0) as b:
+        first = b.submit(["warm"])  # holds the worker at the gate while the next three queue into one batch
+        assert rec.started.wait(30)
+        ok1, bad, ok2 = b.submit(["a", "b"]), b.submit(["poison"]), b.submit(["c"])
+        gate.set()
+        assert torch.equal(first.result(30), model.encode(["warm"]))
+        with pytest.raises(RuntimeError, match="model failed on 'poison'"):
+            bad.result(30)
+        assert torch.equal(ok1.result(30), model.encode(["a", "b"])) and torch.equal(ok2.result(30), model.encode(["c"]))
+    assert rec.calls == [["warm"], ["a", "b", "poison", "c"], ["a", "b"], ["poison"], ["c"]]
+    snap = b.snapshot()
+    assert (snap["requests"], snap["failed"], snap["batches"]) == (4, 1, 5)
+
+
 def test_aencode_and_empty_requests(model):
     async def main(b):
         return await asyncio.gather(b.aencode(["one"]), b.aencode(["two", "three"]), b.aencode([]))
@@ -165,6 +186,11 @@ def test_bad_texts_say_what_to_pass(model):
         for bad in ("a string", [1, 2], None):
             with pytest.raises(TypeError, match="list of str"):
                 b.submit(bad)
+        # a lone surrogate (from a JSON "\\ud800" escape) is refused at submit, not by the tokenizer inside a batch
+        for bad, where in ((["ok", "a\ud800"], r"texts\[1\] .*U\+D800 at character 1"), ([("q", "\udfff")], r"texts\[0\]\[1\]")):
+            with pytest.raises(ValueError, match=where):
+                b.submit(bad)
+        assert b.snapshot()["requests"] == 0
 
 
 def test_modernbert_batches_equal_its_encode():

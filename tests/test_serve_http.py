@@ -84,6 +84,19 @@ def test_openai_route_errors_say_what_is_wrong(client, body, status, match):
     assert match in r.json()["error"]["message"]
 
 
+def test_a_lone_surrogate_is_a_422_and_the_connection_serves_the_next_request(client, model):
+    """JSON may escape a lone surrogate ("\\ud800"); json.loads gives a str the tokenizer refuses. Raw bodies: httpx's
+    json= cannot even encode such a str. It was a 500 that closed the connection."""
+    json_body = {"content-type": "application/json"}
+    r = client.post("/embed", content=b'{"inputs": "a\\udfffb"}', headers=json_body)
+    assert r.status_code == 422 and "inputs: texts[0] holds a lone surrogate (U+DFFF" in r.json()["error"], r.text
+    r = client.post("/v1/embeddings", content=b'{"input": ["ok", "a\\ud800"]}', headers=json_body)
+    assert r.status_code == 422, r.text
+    assert "input: texts[1] holds a lone surrogate (U+D800 at character 1)" in r.json()["error"]["message"]
+    r = client.post("/embed", json={"inputs": "hello"})
+    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
+
+
 def test_malformed_json_and_tei_truncation(client, model):
     r = client.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and "malformed request body" in r.json()["error"]["message"]

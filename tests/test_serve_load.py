@@ -105,4 +105,11 @@ def test_serve_load_is_declared_with_every_method_and_the_issue_table():
     assert lines[2] == "| short queries (req/s) | 135 | 514 | 460 |" and lines[3] == "| 20% passages mixed in (req/s) | - | 156 | - |"
     assert lines[4:] == ["HTTP costs 11% of the in-process max rate (short queries: 514 req/s in process, 460 over HTTP; "
                          "target <= 15%); the client's own CPU: 0.41 ms per request"]
+    # with each search's first failed rate, the cost to the search's resolution (192 served, 256 not: +-33%)
+    coarse = [{"x": "mixed", "provider": "packed_fp32", "max_rate_rps": 192.0, "first_failed_rps": 256.0},
+              {"x": "mixed", "provider": "http_packed_fp32", "max_rate_rps": 128.0, "first_failed_rps": 192.0}]
+    assert issue_table(coarse).splitlines()[3:] == [
+        "HTTP costs 33% of the in-process max rate (20% passages mixed in: 192 req/s in process, 128 over HTTP; target <= 15%)",
+        "  to this search's resolution (in process 192-256, HTTP 128-192 req/s) the cost lies between 0% and 50%: "
+        "more bisections (refine) narrow it"]
     assert b.summary is issue_table

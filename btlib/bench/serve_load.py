@@ -13,7 +13,8 @@ with a batching policy and a backend), driven by :func:`btlib.serve.load.max_rat
     tei_ort_padded       ONNX Runtime (optimised graph), padded batches of <= 8, FIFO by a 16384-token budget, no wait (TEI's)
     ort_per_request      ONNX Runtime, one request per forward
 
-Each row: ``max_rate_rps`` (req/s served with p99 <= SLO and nothing refused or lost), p50/p99 at half
+Each row: ``max_rate_rps`` (req/s served with p99 <= SLO and nothing refused or lost) and ``first_failed_rps``
+(the lowest rate the search tried and found too high: the true maximum lies between the two), p50/p99 at half
 that rate, and, on the packed_fp32 row, the 2x-overload run: shares answered / refused (429) / lost, the
 accepted requests' p99 and the RSS growth. ``median ms`` is one 8-text request through the method (the
 correctness check's call). Numbers from a shared machine are noisy; ratios within one run are what count.
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 
 from ..padding import lengths_to_padding_mask
 from ..serve.batcher import BatchEncoder
-from ..serve.load import max_rate, rss_mb, run_load, workload
+from ..serve.load import bounded, max_rate, rss_mb, run_load, workload
 from .core import Benchmark, Provider, declare
 
 __all__ = ["METHODS", "LABELS", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
@@ -213,8 +214,10 @@ def _metrics(out: _Answer, ref, inputs) -> dict:
     warm = make()
     run_load(warm.submit, texts, p["start_rps"], p["trial_s"], seed=4)
     warm.close()
-    best, _ = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"])
-    row = {"max_rate_rps": float(best)}
+    best, trials = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"])
+    # the search's resolution: the lowest rate it tried and found too high (the true max lies in [best, that))
+    failed = [t["rate"] for t in trials if t["rate"] > best and not bounded(t, p["slo_ms"])]
+    row = {"max_rate_rps": float(best), "first_failed_rps": min(failed, default=None)}
     if best > 0:
         b = make()
         half = run_load(b.submit, texts, best / 2, p["trial_s"], seed=2)
@@ -255,6 +258,10 @@ def issue_table(rows: Sequence[dict]) -> str:
             client = got[(w, "http_packed_fp32")].get("http_client_cpu_ms")
             lines.append(f"HTTP costs {1 - h / a:.0%} of the in-process max rate ({_WORKLOADS.get(w, w)}: {a:.0f} req/s in process, "
                          f"{h:.0f} over HTTP; target <= 15%)" + (f"; the client's own CPU: {client:.2f} ms per request" if client else ""))
+            a_hi, h_hi = (got[(w, m)].get("first_failed_rps") for m in ("packed_fp32", "http_packed_fp32"))
+            if a_hi and h_hi:  # each max rate is known to one step of its search: the cost to the same resolution
+                lines.append(f"  to this search's resolution (in process {a:.0f}-{a_hi:.0f}, HTTP {h:.0f}-{h_hi:.0f} req/s) the cost "
+                             f"lies between {max(0.0, 1 - h_hi / a):.0%} and {1 - h / a_hi:.0%}: more bisections (refine) narrow it")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ through btlib.precision; the slow-precision warnings name the class (``Pretraine
 from __future__ import annotations
 
 import numbers
+import re
 from typing import NamedTuple, Sequence
 
 import torch
@@ -29,7 +30,7 @@ from ..padding import lengths_to_cu_seqlens
 from ..precision import ENCODE_PRECISIONS, check_precision, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
 from .st_modules import HasHead
 
-__all__ = ["SentenceEncoder", "Prompts", "PackedTokens", "pack_ids", "check_encode_args", "check_texts"]
+__all__ = ["SentenceEncoder", "Prompts", "PackedTokens", "pack_ids", "check_encode_args", "check_texts", "check_text"]
 
 
 class PackedTokens(NamedTuple):
@@ -225,11 +226,29 @@ def check_encode_args(texts, batch_size: int, path: str, precision: str | None,
 
 
 def check_texts(texts: Sequence) -> None:
-    """Every item is a str or a (str, str) pair; TypeError naming the first that is not, and what to pass."""
+    """Every item is a str or a (str, str) pair of Unicode text; TypeError naming the first that is not a str or pair,
+    ValueError for a lone surrogate (:func:`check_text`)."""
     for i, t in enumerate(texts):
         if isinstance(t, str):
+            check_text(t, f"texts[{i}]")
             continue
         if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            check_text(t[0], f"texts[{i}][0]")
+            check_text(t[1], f"texts[{i}][1]")
             continue
         raise TypeError(f"texts[{i}] is {type(t).__name__} {t!r:.40}; encode takes str texts or (str, str) pairs "
                         "(decode bytes, convert numbers with str(), drop None)")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: str, name: str) -> None:
+    """ValueError when ``text`` holds a surrogate code point (U+D800-U+DFFF): a str can hold one, but it is not Unicode
+    text (a pair is one code point once decoded), so no tokenizer takes it; the Rust tokenizers raised a TypeError
+    about their input type. It comes from bytes decoded with errors="surrogateescape" or a JSON "\\ud800" escape."""
+    if text.isascii():
+        return
+    if (m := _SURROGATE.search(text)) is not None:
+        raise ValueError(f"{name} holds a lone surrogate (U+{ord(m.group()):04X} at character {m.start()}), which is not "
+                         "Unicode text and no tokenizer takes: decode its bytes with errors='replace' (or drop it)")

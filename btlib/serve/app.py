@@ -16,7 +16,8 @@ answer 424 saying which server to start (TEI's status for "model is not a re-ran
 
 Errors: 401 without the API key (``Authorization: Bearer KEY``); 413 for more than ``max_inputs``
 inputs or an input past the model's length without truncation; 422 with a message naming the field
-for a malformed body; 429 with ``Retry-After`` when the queue is full. /v1 errors have OpenAI's shape
+for a malformed body or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape);
+429 with ``Retry-After`` when the queue is full. /v1 errors have OpenAI's shape
 ``{"error": {"message", "type", "code"}}``, /embed errors TEI's ``{"error", "error_type"}``.
 base64 is what the official ``openai`` client asks for by default: the float32 little-endian bytes.
 """
@@ -201,6 +202,8 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
             raise _HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:
             raise _HTTPError(413, str(e), "invalid_request_error") from None
+        except ValueError as e:  # a text that is not Unicode (a lone surrogate): named by its index
+            raise _HTTPError(422, f"{field}: {e}", "invalid_request_error") from None
         except RuntimeError as e:  # closed: the server is shutting down
             raise _HTTPError(503, str(e), "unavailable") from None
         return await asyncio.wrap_future(future), future.tokens

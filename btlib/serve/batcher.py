@@ -50,6 +50,7 @@ from typing import Protocol, Sequence
 from torch import Tensor
 
 from ..precision import ENCODE_PRECISIONS, check_precision
+from ..pretrained.encoding import check_texts
 from .stats import BatcherStats
 
 __all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "Encoder"]
@@ -85,7 +86,8 @@ Item = str | tuple[str, str]  # a text, or a (query, text) pair
 
 
 def check_items(texts: object) -> list[Item]:
-    """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else."""
+    """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else,
+    ValueError for a text that is not Unicode (a lone surrogate, btlib.pretrained.encoding.check_text)."""
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
         raise TypeError("texts must be a list of str (or of (str, str) pairs); wrap a single text in a list")
     out = []
@@ -95,6 +97,7 @@ def check_items(texts: object) -> list[Item]:
         elif not isinstance(t, str):
             raise TypeError(f"texts must be a list of str (or of (str, str) pairs); texts[{i}] is {type(t).__name__} {t!r:.40}")
         out.append(t)
+    check_texts(out)  # a lone surrogate: ValueError here, at submit, not an error for the whole batch it would join
     return out
 
 
@@ -165,7 +168,7 @@ class BatchEncoder:
 
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
         (truncate=False and a text too long), TypeError for texts that are not a list of str or pairs,
-        ValueError for more texts than ``max_queue``, RuntimeError after :meth:`close`.
+        ValueError for a text with a lone surrogate or more texts than ``max_queue``, RuntimeError after :meth:`close`.
         """
         texts = check_items(texts)
         if len(texts) > self.max_queue:
@@ -266,6 +269,8 @@ class BatchEncoder:
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
 
     def _run_batch(self, batch: list[_Request]) -> None:
+        """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
+        submit did not catch fails only the request that sent it, not every request that shared its batch."""
         if not batch:
             return
         texts = [t for r in batch for t in r.texts]
@@ -276,6 +281,11 @@ class BatchEncoder:
         except Exception as e:  # noqa: BLE001 - the error belongs to the callers of this batch, not to the worker
             parts, error = None, e
         done = time.perf_counter()
+        if error is not None and len(batch) > 1:
+            self.stats.batch(len(texts), 0, done - t0, [], failed=True)  # its tokens count when their retry runs
+            for r in batch:
+                self._run_batch([r])
+            return
         for i, r in enumerate(batch):
             if error is None:
                 r.future.set_result(parts[i])

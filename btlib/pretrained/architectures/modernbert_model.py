@@ -40,7 +40,7 @@ from ...packed_encoder import _select_varlen
 from ...kernels.registry import Kernel
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
-from ..encoding import PackedTokens, SentenceEncoder, pack_ids
+from ..encoding import PackedTokens, SentenceEncoder, check_text, pack_ids
 from ..st_modules import Pooling
 from ..folders.modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
@@ -111,6 +111,8 @@ class ModernBertEncoder(SentenceEncoder, nn.Module):
             raise TypeError("pass a list of texts (or of token id lists); wrap a single text in a list")
         texts = list(texts)
         if all(isinstance(t, str) for t in texts):
+            for i, t in enumerate(texts):
+                check_text(t, f"texts[{i}]")
             return self.tokenize(texts)
         vocab, out = self.spec.vocab_size, []
         for i, seq in enumerate(texts):

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .bert import PretrainedEncoder, load_bert
 from ..folders.checkpoint import ROBERTA_LAYOUT, CheckpointError, read_config
-from ..encoding import check_encode_args, pack_ids
+from ..encoding import check_encode_args, check_text, pack_ids
 from ..folders.st_folder import FolderPlan
 
 __all__ = ["Reranker", "load_reranker", "HEADS", "ACTIVATIONS"]
@@ -137,6 +137,8 @@ def check_pairs(pairs: object) -> list[tuple[str, str]]:
     for i, p in enumerate(pairs):
         if not (isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p)):
             raise ValueError(f"{what}; pairs[{i}] is {type(p).__name__} {p!r:.40}")
+        check_text(p[0], f"pairs[{i}][0]")
+        check_text(p[1], f"pairs[{i}][1]")
     return [tuple(p) for p in pairs]
 
 
