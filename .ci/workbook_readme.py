@@ -41,6 +41,7 @@ from pathlib import Path
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 README_TAG = "readme"
+FAMILIES_TAG = "families"  # the cell printing btlib.bench.families.summary: the coverage table's speed column
 SETUP_ID = "colab-setup"
 MEASURES = "measures"
 TABLE = "notebook table"
@@ -66,7 +67,9 @@ class Summary:
     text: what its ``readme`` cell printed (None: no such cell or no output; ``problems`` says why);
     machine: the setup cell's lines that describe the machine (() if it has no output);
     sizes: "default" or "quick" (from the setup cell's "sizes:" line; None if absent);
-    run_seconds: ``metadata.btlib.run_seconds`` ({} if never recorded).
+    run_seconds: ``metadata.btlib.run_seconds`` ({} if never recorded);
+    family_speeds: family -> "2.72x faster (noise ±7%); FLOP prediction 2.95x; 12 x 768, FFN 3072", from a cell tagged
+    ``families`` (:func:`family_speeds`; {} where the notebook has none).
     """
 
     number: str
@@ -77,6 +80,7 @@ class Summary:
     sizes: str | None
     run_seconds: dict = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    family_speeds: dict = field(default_factory=dict)
 
 
 def _stdout(cell) -> tuple[str, list[str]]:
@@ -152,12 +156,35 @@ def summarize(nb, stem: str) -> Summary:
                 problems.append(f"{stem}: its '{README_TAG}' cell quotes a factor inside its noise: {phrase!r}; "
                                 "print the verdict with btlib.bench.compare / faster_first / share_of_ideal (they say "
                                 "'no clear difference' or 'as fast as ... within noise' there) and re-execute the notebook")
+    speeds: dict = {}
+    for cell in (c for c in nb.cells if c.cell_type == "code" and FAMILIES_TAG in c.metadata.get("tags", [])):
+        speeds.update(family_speeds(_stdout(cell)[0]))
+        if not speeds:
+            problems.append(f"{stem}: its '{FAMILIES_TAG}' cell printed no btlib.bench.families.summary table: execute it")
     setup = next((c for c in nb.cells if c.get("id") == SETUP_ID), None)
     machine, sizes = _machine(_stdout(setup)[0]) if setup is not None else ((), None)
     title = next((c.source.splitlines()[0].lstrip("#").strip() for c in nb.cells
                   if c.cell_type == "markdown" and c.source.startswith("# ")), stem)
     return Summary(number=stem[:2], stem=stem, title=title, text=text, machine=machine, sizes=sizes,
-                   run_seconds=dict(nb.metadata.get("btlib", {}).get("run_seconds", {})), problems=tuple(problems))
+                   run_seconds=dict(nb.metadata.get("btlib", {}).get("run_seconds", {})), problems=tuple(problems),
+                   family_speeds=speeds)
+
+
+def family_speeds(printed: str) -> dict[str, str]:
+    """btlib.bench.families.summary's table (columns two or more spaces apart) as family -> the coverage table's cell:
+    "<verdict>; FLOP prediction <x>; <shape>". A row that did not run ("-" times) gives no entry."""
+    lines = printed.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("family ") and "packed vs transformers" in line), None)
+    out: dict[str, str] = {}
+    if start is None:
+        return out
+    for line in lines[start + 2:]:
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) < 6 or cols[1] == "-":
+            continue
+        family, shape, _, _, verdict, predicted = cols[:6]
+        out[family] = f"{verdict}; FLOP prediction {predicted}; {shape}"
+    return out
 
 
 def load(notebooks: Path) -> list[Summary]:
@@ -253,14 +280,16 @@ def generate(readme_text: str, summaries: list[Summary]) -> str:
     if problems:
         raise ReadmeError("cannot generate README.md from the committed notebooks:\n  " + "\n  ".join(problems))
     text = _replace(_replace(readme_text, TABLE, table), MEASURES, render_measures(summaries))
-    return render_families(text) if markers(FAMILIES)[0] in text else text  # the tests' small READMEs have none
+    speeds = {k: v for s in summaries for k, v in s.family_speeds.items()}
+    return render_families(text, speeds) if markers(FAMILIES)[0] in text else text  # the tests' small READMEs have none
 
 
-def render_families(readme_text: str) -> str:
-    """README text with the ``model families`` part rewritten from btlib.pretrained.coverage.coverage_table()."""
+def render_families(readme_text: str, speeds: dict[str, str]) -> str:
+    """README text with the ``model families`` part rewritten from btlib.pretrained.coverage.coverage_table(speeds),
+    ``speeds`` from the committed notebooks (:func:`family_speeds` of their ``families`` cells)."""
     from btlib.pretrained.coverage import coverage_table
 
-    return _replace(readme_text, FAMILIES, coverage_table())
+    return _replace(readme_text, FAMILIES, coverage_table(speeds))
 
 
 def diff(old: str, new: str, name: str = "README.md") -> str:

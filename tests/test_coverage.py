@@ -20,7 +20,7 @@ def test_readme_table_is_the_generated_one():
     text = (ROOT / "README.md").read_text()
     begin, end = wr.markers(wr.FAMILIES)
     assert text.count(begin) == 1 and text.count(end) == 1, f"README.md must hold {begin!r} and {end!r} once each"
-    new = wr.render_families(text)
+    new = wr.render_families(text, {k: v for s in wr.load(ROOT / "notebooks") for k, v in s.family_speeds.items()})
     assert new == text, wr.diff(text, new) + "\nrun: python .ci/workbook.py readme"
 
 
@@ -35,3 +35,19 @@ def test_every_row_is_complete_and_names_existing_tests():
         assert f"| {name} |" in coverage_table()
     with pytest.raises(KeyError, match="no family 'gpt2'"):
         family("gpt2")
+
+
+def test_the_speed_column_comes_from_the_families_summary_a_notebook_printed():
+    printed = """family      shape               transformers ms  packed ms  packed vs transformers    predicted  >= 2x  error
+----------  ------------------  ---------------  ---------  ------------------------  ---------  -----  -------
+camembert   12 x 768, FFN 3072  1729             635        2.72x faster (noise ±7%)  2.95x      yes    1.1e-06
+gte         -                   -                -          packed skipped: no transformers  -  -  -
+"""
+    speeds = wr.family_speeds(printed)
+    assert speeds == {"camembert": "2.72x faster (noise ±7%); FLOP prediction 2.95x; 12 x 768, FFN 3072"}
+    table = coverage_table(speeds)
+    assert table.splitlines()[0].endswith("| packed vs transformers (workbook corpus, batch 32) |")
+    row = next(line for line in table.splitlines() if line.startswith("| camembert |"))
+    assert row.endswith("| 2.72x faster (noise ±7%); FLOP prediction 2.95x; 12 x 768, FFN 3072 |")
+    assert "family_speed --set \"x_vals=['gte']\"" in next(line for line in table.splitlines() if line.startswith("| gte |"))
+    assert wr.family_speeds("no table here") == {}

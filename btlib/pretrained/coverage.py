@@ -13,6 +13,7 @@ so the figure in the table is the one a test holds; the tests added with a row r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 __all__ = ["Family", "FAMILIES", "family", "coverage_table"]
 
@@ -88,11 +89,22 @@ def family(name: str) -> Family:
     raise KeyError(f"no family {name!r}; btlib.pretrained.FAMILIES has {[f.name for f in FAMILIES]}")
 
 
-def coverage_table() -> str:
-    """FAMILIES as a markdown table (no trailing newline): the text between README.md's "model families" markers."""
-    rows = ["| family | loads | checked against | fp32 parity | precisions | tests |", "|---|---|---|---|---|---|"]
+def coverage_table(speeds: Mapping[str, str] | None = None) -> str:
+    """FAMILIES as a markdown table (no trailing newline): the text between README.md's "model families" markers.
+
+    ``speeds``: family -> its measured speed against transformers, as text (README.md's come from notebook 07's
+    committed run, read by .ci/workbook_readme.py); adds that column, naming the command for families without one.
+    """
+    head = ["family", "loads", "checked against", "fp32 parity", "precisions", "tests"]
+    if speeds is not None:
+        head.append("packed vs transformers (workbook corpus, batch 32)")
+    rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for f in FAMILIES:
         tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in f.tests)
-        rows.append(f"| {f.name} | {f.loads} | {f.reference} | max abs diff <= {f.fp32_tol:g} x reference scale "
-                    f"| {f.precisions} | {tests} |")
+        cells = [f.name, f.loads, f.reference, f"max abs diff <= {f.fp32_tol:g} x reference scale", f.precisions, tests]
+        if speeds is not None:
+            cells.append(speeds.get(f.name) or ("its encoder family's (the head adds O(d^2) flops per pair)" if f.name ==
+                         "cross-encoder heads" else f"not timed in notebook 07: `python -m btlib.bench run family_speed "
+                         f"--set \"x_vals=['{f.name}']\"`"))
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
