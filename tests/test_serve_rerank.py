@@ -103,6 +103,16 @@ def test_rerank_errors_say_what_is_wrong(client, body, status, match):
     assert re.search(match, r.json()["error"]), r.json()
 
 
+@pytest.mark.parametrize("raw, match", [
+    (b'{"query": "q\\ud800", "texts": ["w1"]}', r"^query holds a lone surrogate \(U\+D800 at character 1\)"),
+    (b'{"query": "q", "texts": ["w1", "\\udfff"]}', r"^texts\[1\] holds a lone surrogate \(U\+DFFF at character 0\)"),
+])
+def test_rerank_names_the_field_that_is_not_unicode(client, raw, match):
+    """A JSON "\\ud800" escape decodes to a str no tokenizer takes: a 422 naming the request's own field."""
+    r = client.post("/rerank", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and re.search(match, r.json()["error"]), r.text
+
+
 def test_reranker_server_refuses_embeddings_and_embedding_server_refuses_rerank(client, tmp_path):
     r = client.post("/embed", json={"inputs": "w1"})
     assert r.status_code == 424 and "holds a reranker" in r.json()["error"] and "POST /rerank" in r.json()["error"]

@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..pretrained.encoding import check_text
 from .batcher import BatchEncoder, InputTooLong, Overloaded
 from .rerank import rank_scores
 from .extras import require
@@ -240,6 +241,11 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         body = await _parse(request, TEIRerankRequest)
         holds("reranker")
         truncate = truncation(body.truncation_direction, body.truncate)
+        for name, text in [("query", body.query), *((f"texts[{i}]", t) for i, t in enumerate(body.texts))]:
+            try:  # named by the request's own fields, not by the (query, text) pairs the batcher would see
+                check_text(text, name)
+            except ValueError as e:
+                raise _HTTPError(422, str(e), "Validation") from None
         logits, _ = await run([(body.query, t) for t in body.texts], truncate, "texts", "texts")  # (N, 1)
         ranks = [{"index": i, "score": score, **({"text": body.texts[i]} if body.return_text else {})}
                  for i, score in rank_scores(logits, body.raw_scores)]
