@@ -124,8 +124,7 @@ def encoder_flops(lengths: Tensor, d_model: int, d_ff: int, num_layers: int = 1,
     Akv = A if kv_width is None else check_int(kv_width, "kv_width")
     L = lengths.double()
     per_token = 2 * d_model * (A + 2 * Akv) + 2 * d_model * A + (6 if glu else 4) * d_model * d_ff
-    full = attention_pairs(lengths, causal=True) if causal else float((L**2).sum())
-    pairs = full * (num_layers - local_layers)
+    pairs = attention_pairs(lengths, causal=causal) * (num_layers - local_layers)  # L^2, or L (L + 1) / 2 causal
     if local_layers:
         pairs += attention_pairs(lengths, window=window, causal=causal) * local_layers
     return float(num_layers * per_token * L.sum() + 4 * A * pairs)

@@ -252,8 +252,9 @@ BTLIB_TORCH_LIBRARY(BTLIB_OPS_NS, m) {
         "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
   m.def("varlen_amx(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
         "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
+  // build_info and amx_status take and return no tensor: catch-all kernels, never in a graph
   m.def("build_info() -> str", &build_info);
-  m.def("amx_status() -> str", [] { return amx_status(); });  // "" when varlen_amx can run, else why not  // no tensor in or out: a catch-all, never in a graph
+  m.def("amx_status() -> str", [] { return amx_status(); });  // "" when varlen_amx can run, else why not
 }
 
 BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {

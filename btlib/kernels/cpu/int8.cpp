@@ -194,12 +194,17 @@ void dequantize_rows(const T* C, const float* Sp, const float* Wt, const float* 
   });
 }
 
-template <typename T>
-void dequantize_as(const T* C, const float* Sp, const float* Wt, const float* B, int64_t act, const float* R, float* Y,
-                   int64_t M, int64_t N) {
-  if (act == kGelu) dequantize_rows<kGelu>(C, Sp, Wt, B, R, Y, M, N);
-  else if (act == kRelu) dequantize_rows<kRelu>(C, Sp, Wt, B, R, Y, M, N);
-  else dequantize_rows<kNone>(C, Sp, Wt, B, R, Y, M, N);
+// The one dispatch of dequantize and requantize: f(C, A) with acc's data as int32_t* or float* and act as the
+// compile-time constant A (std::integral_constant), so each of the six row loops is its own instantiation.
+template <typename F>
+void with_epilogue(const at::Tensor& acc, int64_t act, F&& f) {
+  auto on = [&](auto* C) {
+    if (act == kGelu) f(C, std::integral_constant<int64_t, kGelu>{});
+    else if (act == kRelu) f(C, std::integral_constant<int64_t, kRelu>{});
+    else f(C, std::integral_constant<int64_t, kNone>{});
+  };
+  if (acc.scalar_type() == at::kInt) on(acc.data_ptr<int32_t>());
+  else on(acc.data_ptr<float>());
 }
 
 // The arguments dequantize and requantize share: acc (M, N) int32 or float32, s (M, 1), w and b (N,) or empty, act.
@@ -228,8 +233,7 @@ void dequantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w,
   const float* B = b.numel() ? b.data_ptr<float>() : nullptr;
   const float* R = r.numel() ? r.data_ptr<float>() : nullptr;
   float* Y = y.data_ptr<float>();  // y == acc (float) is fine: each element is read before it is written
-  if (acc.scalar_type() == at::kInt) dequantize_as(acc.data_ptr<int32_t>(), Sp, Wt, B, act, R, Y, M, N);
-  else dequantize_as(acc.data_ptr<float>(), Sp, Wt, B, act, R, Y, M, N);
+  with_epilogue(acc, act, [&](auto* C, auto A) { dequantize_rows<decltype(A)::value>(C, Sp, Wt, B, R, Y, M, N); });
 }
 
 // requantize: dequantize's row (act(acc s w + b), no residual) quantized again for the next int8 linear without
@@ -263,14 +267,7 @@ void requantize(const at::Tensor& acc, const at::Tensor& s, const at::Tensor& w,
   const float* An = a.numel() ? a.data_ptr<float>() : nullptr;
   auto* Q = static_cast<int8_t*>(q.data_ptr());
   float* So = s_out.data_ptr<float>();
-  auto run = [&](auto* C) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(C)>>;
-    if (act == kGelu) requantize_rows<kGelu, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
-    else if (act == kRelu) requantize_rows<kRelu, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
-    else requantize_rows<kNone, T>(C, Sp, Wt, B, An, u8, Q, So, M, N);
-  };
-  if (acc.scalar_type() == at::kInt) run(acc.data_ptr<int32_t>());
-  else run(acc.data_ptr<float>());
+  with_epilogue(acc, act, [&](auto* C, auto A) { requantize_rows<decltype(A)::value>(C, Sp, Wt, B, An, u8, Q, So, M, N); });
 }
 
 }  // namespace

@@ -23,8 +23,8 @@ exactly that on packed tokens: the row cu_seqlens[b + 1] - 1. A folder without m
 sentence-transformers would do it.
 
 Grouped-query attention: btlib's varlen kernels take one head count for q, k and v (the C++ kernel checks it), so k and
-v are copied out to H heads (each key head G = H / Hkv times in a row, an expand + reshape) before the call: 2 H Dh elements written per token and layer, of
-which 2 (H - Hkv) Dh are repeats (Qwen3-Embedding-0.6B, H 16, Hkv 8, Dh 128: 4096 floats, 16 KiB in fp32, beside the
+v are copied out to H heads (each key head G = H / Hkv times in a row, an expand + reshape) before the call: 2 H Dh
+elements written per token and layer, of which 2 (H - Hkv) Dh are repeats (Qwen3-Embedding-0.6B, H 16, Hkv 8, Dh 128: 4096 floats, 16 KiB in fp32, beside the
 ~31 M FLOPs per token of the layer's linear maps). A GQA-aware kernel would read each key head once for its G = H / Hkv
 query heads instead and write nothing.
 
