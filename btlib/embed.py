@@ -1,7 +1,8 @@
 """Embed a corpus on one machine, resumably: ``python -m btlib.embed IN OUT [--column text] [--shard-size 1024]``.
 
 IN: Parquet (``.parquet``; needs pyarrow, the ``scale`` extra), JSON lines (``.jsonl``: one object per
-line) or plain text (one text per line, empty lines included, so row i is line i). OUT: a folder of
+line) or plain text (one text per line, empty lines included, so row i is line i + 1), read by the rules of
+:mod:`btlib.serve.corpus` (a row ends at b"\\n"; a CRLF's "\\r" and a BOM at the start are dropped). OUT: a folder of
 shards, ``shard-00000.npy`` ... each a (rows, d) float32 array of ``--shard-size`` consecutive rows,
 plus ``meta.json`` (the settings). Read them back with :func:`read_embeddings`.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import sys
@@ -30,59 +30,9 @@ import torch
 
 from .gemm import PATHS, forced_path, forcing, plan
 from .precision import ENCODE_PRECISIONS, check_precision, resolve_dtype
+from .serve.corpus import count_rows, iter_texts
 
 __all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "main"]
-
-
-def _format(path: Path) -> str:
-    return {".parquet": "parquet", ".jsonl": "jsonl"}.get(path.suffix.lower(), "text")
-
-
-def count_rows(path: str | Path, column: str = "text") -> int:
-    """Rows in ``path`` (Parquet from its footer, other formats by counting lines)."""
-    path = Path(path)
-    if _format(path) == "parquet":
-        from .serve.extras import require
-
-        return require("pyarrow.parquet", "scale").ParquetFile(path).metadata.num_rows
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
-
-
-def iter_texts(path: str | Path, column: str = "text", chunk: int = 1024) -> Iterator[list[str]]:
-    """The texts of ``path`` in order, ``chunk`` at a time (the last chunk may be shorter)."""
-    path = Path(path)
-    if _format(path) == "parquet":
-        from .serve.extras import require
-
-        pq = require("pyarrow.parquet", "scale")
-        pf = pq.ParquetFile(path)
-        if column not in pf.schema_arrow.names:
-            raise ValueError(f"{path.name} has no column {column!r} (columns: {pf.schema_arrow.names}); pass --column")
-        rows = (t for b in pf.iter_batches(batch_size=chunk, columns=[column]) for t in b.column(0).to_pylist())
-    else:
-        rows = _lines(path, column)
-    start = 0
-    while batch := list(itertools.islice(rows, chunk)):
-        bad = next((i for i, t in enumerate(batch) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise TypeError(f"{path.name}: row {start + bad} ({column!r}) is {type(batch[bad]).__name__}, not str")
-        start += len(batch)
-        yield batch
-
-
-def _lines(path: Path, column: str) -> Iterator[str]:
-    jsonl = _format(path) == "jsonl"
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not jsonl:
-                yield line
-                continue
-            row = json.loads(line)
-            if not isinstance(row, dict) or column not in row:
-                raise ValueError(f"{path.name} line {n}: expected an object with {column!r}; pass --column to name the field")
-            yield row[column]
 
 
 def _write_atomic(path: Path, write: Callable[[object], None]) -> None:

@@ -120,7 +120,7 @@ def test_changed_settings_and_bad_inputs_are_errors(corpus, uninterrupted, capsy
     assert "line 2: expected an object with 'text'" in capsys.readouterr().err
     (corpus / "null.jsonl").write_text('{"text": "a"}\n{"text": null}\n')
     assert main([str(corpus / "null.jsonl"), str(corpus / "null_out"), "--quiet"]) == 2
-    assert "row 1 ('text') is NoneType, not str" in capsys.readouterr().err
+    assert "null.jsonl line 2: 'text' is NoneType, not str" in capsys.readouterr().err
     with pytest.raises(ValueError, match="shard_size"):
         embed_file(corpus / "texts.txt", corpus / "x", shard_size=0)
 
