@@ -1,38 +1,103 @@
-"""Embed a corpus on one machine, resumably: ``python -m btlib.embed IN OUT [--column text] [--shard-size 1024]``.
+"""Embed a corpus on one machine, resumably: ``python -m btlib.embed IN OUT [--column text] [--shard-size 1024] [--gemm PATH]``.
 
 IN: Parquet (``.parquet``; needs pyarrow, the ``scale`` extra), JSON lines (``.jsonl``: one object per
 line) or plain text (one text per line, empty lines included, so row i is line i + 1), read by the rules of
-:mod:`btlib.serve.corpus` (a row ends at b"\\n"; a CRLF's "\\r" and a BOM at the start are dropped). OUT: a folder of
-shards, ``shard-00000.npy`` ... each a (rows, d) float32 array of ``--shard-size`` consecutive rows,
-plus ``meta.json`` (the settings). Read them back with :func:`read_embeddings`.
+:mod:`btlib.serve.corpus` (a row ends at b"\\n"; a CRLF's "\\r" and a BOM at the start are dropped). OUT: a
+folder of shards, ``shard-00000-<hash>.npy`` ... each a (rows, d) float32 array of ``--shard-size``
+consecutive rows, named by the first 16 hex digits of the sha256 of its rows' texts, plus ``meta.json``
+(the settings and every shard's expected hash). Read them back with :func:`read_embeddings`, which checks
+every shard's name and shape against meta.json.
 
-A shard is written to a temporary file, flushed to disk and renamed into place: it exists whole or
-not at all. So a killed run (Ctrl-C, OOM, a lost machine) is resumed by running the same command
-again: finished shards are skipped, the rest are computed, and since a shard's rows always form the
-same length-sorted batches (:func:`btlib.serve.encode_by_tokens`), the result equals an uninterrupted
-run's bit for bit. A changed setting (model, precision, shard size, column) in an existing OUT is an
-error, never a silent mix.
+A run first reads the whole input once: every input error is found before any work, naming its line, and
+each shard's rows are hashed. A shard is written to a temporary file, flushed to disk and renamed into
+place: it exists whole or not at all. So a killed run (Ctrl-C, OOM, a lost machine) is resumed by running
+the same command again: a shard on disk whose rows are unchanged and whose file is whole is kept; one whose
+rows changed (the input was edited), or that is damaged, is redone; the rest are computed. A changed
+setting (model, precision, shard size, column, batch budget) in an existing OUT is an error, never a silent mix.
+
+Bits: a shard's rows always form the same length-sorted batches (:func:`btlib.serve.encode_by_tokens`), and
+every run of one job (the input's content and those settings) computes on the GEMM path and thread count its
+first run took, recorded in btlib's cache (:func:`jobs_file`) and in meta.json. So on one machine a resumed
+run, a run into a fresh folder and an uninterrupted run write the same bits; ``--gemm`` pins another path
+(all shards are then redone on it). Another machine, torch or MKL may round the last bits differently; where
+btlib has no cache folder (an installed btlib without TORCH_EXTENSIONS_DIR) only a resumed run is held to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from .gemm import PATHS, forced_path, forcing, plan
+from .gemm import PATHS, forced_path, forcing, path_available, plan
+from .hardware import cache_file
+from .hardware_cache import write_cache
 from .precision import ENCODE_PRECISIONS, check_precision, resolve_dtype
 from .serve.corpus import count_rows, iter_texts
 
-__all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "main"]
+__all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "rows_hash", "jobs_file", "main"]
+
+_SHARD = re.compile(r"shard-(\d{5,})(?:-([0-9a-f]{16}))?\.npy")
+_BITS = ("column", "shard_size", "model", "precision", "max_batch_tokens")  # the settings that change a job's bits
+
+
+def rows_hash(texts: Sequence[str], column: str) -> str:
+    """First 16 hex digits of the sha256 of a shard's rows: the column, then each text as UTF-8, length-prefixed
+    (so ["ab", ""] and ["a", "b"] differ)."""
+    h = hashlib.sha256(b"btlib.embed rows 1\0")
+    for s in (column, *texts):
+        b = s.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little") + b)
+    return h.hexdigest()[:16]
+
+
+def jobs_file() -> Path | None:
+    """Where each corpus job's GEMM path and thread count are recorded: btlib_embed_jobs.json beside btlib's hardware
+    cache (:func:`btlib.hardware.cache_file`), keyed by the job; None where btlib caches nothing."""
+    path = cache_file()
+    return path.with_name("btlib_embed_jobs.json") if path else None
+
+
+def _shard_name(k: int, h: str) -> str:
+    return f"shard-{k:05d}-{h}.npy"
+
+
+def _sizes(rows: int, shard_size: int) -> list[int]:
+    return [min(shard_size, rows - i) for i in range(0, rows, shard_size)]
+
+
+def _damage(path: Path, rows: int, d: int, mmap: bool) -> str | None:
+    """Why the shard file at ``path`` is not a whole (rows, d) float32 array (None: it is). mmap: read the header only."""
+    try:
+        a = np.load(path, mmap_mode="r" if mmap else None)
+    except (OSError, ValueError, EOFError) as e:  # truncated, empty, a pickle, a header cut short
+        return f"{type(e).__name__}: {e}"
+    if a.dtype != np.float32 or a.shape != (rows, d):
+        return f"{a.dtype} {a.shape}, expected float32 {(rows, d)}"
+    return None
+
+
+def _read_meta(out: Path) -> dict:
+    path = out / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{out} has no meta.json: not a folder python -m btlib.embed wrote, or its run never started")
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as e:  # written atomically, so edited by hand
+        raise ValueError(f"{path} is not readable JSON ({e}): use a new folder") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not an object: use a new folder")
+    return meta
 
 
 def _write_atomic(path: Path, write: Callable[[object], None]) -> None:
@@ -44,70 +109,130 @@ def _write_atomic(path: Path, write: Callable[[object], None]) -> None:
     os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the whole new one
 
 
-def embed_file(source: str | Path, out: str | Path, *, column: str = "text", model_folder: str | Path | None = None,
-               shard_size: int = 1024, precision: str | None = None, max_batch_tokens: int = 8192, progress: bool = True,
-               on_shard: Callable[[int], None] | None = None) -> dict:
-    """Embed every text of ``source`` into shards under ``out``, skipping shards a previous run finished.
+def _recorded(path: Path | None, job: str) -> tuple[str, int] | None:
+    try:
+        entry = json.loads(path.read_text()).get(job) if path else None
+    except (OSError, ValueError, AttributeError):  # no file yet, or not a JSON object: nothing recorded
+        return None
+    ok = isinstance(entry, dict) and entry.get("gemm") in PATHS and type(entry.get("threads")) is int and entry["threads"] > 0
+    return (entry["gemm"], entry["threads"]) if ok else None
 
-    on_shard(k) is called after shard k is safely on disk (a hook for progress or tests). Returns
-    {"rows", "shards", "written", "skipped", "seconds", "texts_per_s"} (texts_per_s over the rows written now).
+
+def _job_gemm(job: str, pin: str | None, old: dict, precision: str | None) -> tuple[str, int, str]:
+    """(GEMM path, thread count, how they were chosen) for a job. The measured choice can differ between processes
+    (another thread count, a busy CPU) and two paths round the last bits differently; MKL's sgemm rounds differently
+    at another thread count too (1.3e-7 between 1 and 2 threads on an Intel Xeon). So the job's first choice is
+    recorded and reused: --gemm, else the job's record, else this folder's, else BTLIB_GEMM or the measured path."""
+    threads, path = torch.get_num_threads(), jobs_file()
+    dtype = resolve_dtype(None if precision == "int8" else precision)
+    if pin is not None:
+        if (why := path_available(pin, dtype)) is not None:
+            raise ValueError(f"--gemm {pin} cannot run here ({why}): pass another of {PATHS}")
+        gemm, how = pin, "pinned with --gemm"
+    elif (got := _recorded(path, job)) is not None:
+        return (*got, f"this job's recorded path, reused from {path}")
+    elif old.get("gemm") in PATHS and type(old.get("threads")) is int and old["threads"] > 0:
+        gemm, threads, how = old["gemm"], old["threads"], "this folder's, reused"
+    elif (gemm := forced_path()) is not None:
+        how = "BTLIB_GEMM's"
+    else:
+        gemm, how = plan(dtype)[-1][1], "measured here"  # the path for the largest batches, where the time goes
+    write_cache(path, job, {"gemm": gemm, "threads": threads})
+    return gemm, threads, how + (f"; recorded for this job in {path}" if path else "")
+
+
+def embed_file(source: str | Path, out: str | Path, *, column: str = "text", model_folder: str | Path | None = None,
+               shard_size: int = 1024, precision: str | None = None, max_batch_tokens: int = 8192, gemm: str | None = None,
+               progress: bool = True, on_shard: Callable[[int], None] | None = None) -> dict:
+    """Embed every text of ``source`` into shards under ``out``, keeping the shards a previous run finished on the same rows.
+
+    gemm: one of btlib.gemm.PATHS to pin (default: the job's recorded path, see the module docstring). on_shard(k)
+    is called after shard k is safely on disk (a hook for progress or tests). Returns {"rows", "shards", "written",
+    "skipped", "redone": {k: why}, "gemm", "threads", "gemm_how", "seconds", "texts_per_s"} (texts_per_s over the
+    rows written now).
     """
     from .pretrained import load_pretrained
     from .serve.corpus import encode_by_tokens
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
         raise ValueError(f"shard_size must be a positive int; got {shard_size!r}")
+    if gemm is not None and gemm not in PATHS:
+        raise ValueError(f"gemm must be one of {PATHS}; got {gemm!r}")
     check_precision(precision, ENCODE_PRECISIONS)
     source, out = Path(source), Path(out)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is not a file")
-    rows = count_rows(source, column)
-    settings = {"source": source.name, "rows": rows, "column": column, "shard_size": shard_size,
-                "model": str(model_folder) if model_folder else "all-MiniLM-L6-v2 (default)", "precision": precision or "fp32",
-                "max_batch_tokens": max_batch_tokens}
-    out.mkdir(parents=True, exist_ok=True)
-    meta = out / "meta.json"
-    if meta.is_file():
-        old = json.loads(meta.read_text())
-        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if changed:
-            raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
+    settings = {"source": source.name, "column": column, "shard_size": shard_size, "max_batch_tokens": max_batch_tokens,
+                "model": str(model_folder) if model_folder else "all-MiniLM-L6-v2 (default)", "precision": precision or "fp32"}
+    old = _read_meta(out) if (out / "meta.json").is_file() else {}
+    changed = {k: (old.get(k), v) for k, v in settings.items() if old and old.get(k) != v}
+    if changed:
+        raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
+    hashes, sizes = [], []
+    for texts in iter_texts(source, column, shard_size):  # the one pass that checks and hashes the input
+        hashes.append(rows_hash(texts, column))
+        sizes.append(len(texts))
     model = load_pretrained(model_folder)  # before meta.json: a wrong folder leaves nothing to clean up
-    # One GEMM path for the whole run, kept in meta.json: the measured choice can differ between processes
-    # (another thread count, a busy CPU), and two paths round the last bits differently, so a resumed run
-    # forces the path the first run took and its shards equal an uninterrupted run's bit for bit. The thread
-    # count too: MKL's sgemm rounds differently at another one (1.3e-7 between 1 and 2 threads, measured on an
-    # Intel Xeon; oneDNN gave the same bits), so a resumed run computes at the first run's thread count.
-    recorded = json.loads(meta.read_text()) if meta.is_file() else {}
-    gemm, threads = recorded.get("gemm"), recorded.get("threads")
-    if gemm not in PATHS or not isinstance(threads, int) or threads < 1:
-        gemm = gemm if gemm in PATHS else forced_path() or plan(resolve_dtype(None if precision == "int8" else precision))[-1][1]
-        threads = torch.get_num_threads()
-        _write_atomic(meta, lambda f: f.write(json.dumps({**settings, "gemm": gemm, "threads": threads}, indent=1).encode()))
-    for stale in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shard
-        stale.unlink()
-    shards = -(-rows // shard_size)
-    written = skipped = done_rows = 0
+    d = model.encode([], batch_size=1).shape[1]
+    job = hashlib.sha256(json.dumps([[settings[k] for k in _BITS], hashes]).encode()).hexdigest()[:32]
+    gemm, threads, how = _job_gemm(job, gemm, old, precision)
+    out.mkdir(parents=True, exist_ok=True)
+    keep, redone = _sort_out(out, hashes, sizes, d, old, gemm, threads)
+    # meta.json after the shards it no longer describes are gone: a kill between the two leaves no shard of another
+    # input version or GEMM path under it, only missing ones
+    meta = {**settings, "rows": sum(sizes), "dim": d, "gemm": gemm, "threads": threads, "shards": hashes}
+    _write_atomic(out / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    written = done_rows = 0
     t0 = time.perf_counter()
     for k, texts in enumerate(iter_texts(source, column, shard_size)):
-        path = out / f"shard-{k:05d}.npy"
-        if path.is_file():
-            skipped += 1
-        else:
+        if k not in keep:
+            if k >= len(hashes) or rows_hash(texts, column) != hashes[k]:
+                raise ValueError(f"{source.name} changed while this run read it (shard {k}'s rows): run the same command "
+                                 "again once nothing writes to it")
             with forcing(gemm), _threads(threads):
                 emb = encode_by_tokens(model, texts, max_batch_tokens=max_batch_tokens, precision=precision).numpy()
-            _write_atomic(path, lambda f: np.save(f, emb))
+            _write_atomic(out / _shard_name(k, hashes[k]), lambda f: np.save(f, emb))
             written += 1
             done_rows += len(texts)
         if on_shard:
             on_shard(k)
         if progress:
-            _progress(k + 1, shards, done_rows, time.perf_counter() - t0)
-    if progress:
+            _progress(k + 1, len(hashes), done_rows, time.perf_counter() - t0)
+    if progress and hashes:
         print(file=sys.stderr)
     seconds = time.perf_counter() - t0
-    return {"rows": rows, "shards": shards, "written": written, "skipped": skipped, "seconds": seconds,
-            "texts_per_s": done_rows / seconds if seconds > 0 else None}
+    return {"rows": sum(sizes), "shards": len(hashes), "written": written, "skipped": len(keep), "redone": redone,
+            "gemm": gemm, "threads": threads, "gemm_how": how, "seconds": seconds,
+            "texts_per_s": done_rows / seconds if seconds > 0 and done_rows else None}
+
+
+def _sort_out(out: Path, hashes: list[str], sizes: list[int], d: int, old: dict, gemm: str,
+              threads: int) -> tuple[set[int], dict[int, str]]:
+    """Delete what a run must not keep (a killed run's temporary files, shards of other rows or of another GEMM path,
+    damaged ones, shards past the end); return (the shards kept, {k: why shard k is redone})."""
+    for stale in out.glob(".*.tmp-*"):  # a killed run's half-written shard or meta.json
+        stale.unlink()
+    same_path = (old.get("gemm"), old.get("threads")) == (gemm, threads)
+    keep, redone = set(), {}
+    for path in sorted(out.glob("shard-*.npy")):
+        if (m := _SHARD.fullmatch(path.name)) is None:
+            continue
+        k, h = int(m.group(1)), m.group(2)
+        if k < len(hashes):
+            if h is None:
+                why = "it was written by an older btlib.embed"
+            elif h != hashes[k]:
+                why = "its rows changed"
+            elif not same_path:
+                why = f"the GEMM path changed ({old.get('gemm')} at {old.get('threads')} threads, now {gemm} at {threads})"
+            elif (damage := _damage(path, sizes[k], d, mmap=True)) is not None:
+                why = f"it was damaged ({damage})"
+            else:
+                keep.add(k)
+                continue
+            redone[k] = why
+        path.unlink()
+    return keep, {k: why for k, why in redone.items() if k not in keep}
 
 
 @contextlib.contextmanager
@@ -128,16 +253,35 @@ def _progress(k: int, shards: int, done_rows: int, seconds: float) -> None:
 
 
 def read_embeddings(out: str | Path) -> np.ndarray:
-    """All shards of a finished run, in row order: (rows, d) float32. Raises if a shard is missing (resume the run)."""
+    """All shards of a finished run, in row order: (rows, d) float32.
+
+    Every shard is checked against meta.json: its name (its rows' hash: a shard of another version of the input is
+    refused) and its shape and dtype (a damaged one is named). Every error says what mends it: run the same command
+    again. FileNotFoundError for missing shards, ValueError for the rest.
+    """
     out = Path(out)
-    settings = json.loads((out / "meta.json").read_text())
-    shards = -(-settings["rows"] // settings["shard_size"])
-    missing = [k for k in range(shards) if not (out / f"shard-{k:05d}.npy").is_file()]
+    meta = _read_meta(out)
+    hashes, d = meta.get("shards"), meta.get("dim")
+    if not isinstance(hashes, list) or not isinstance(d, int):
+        raise ValueError(f"{out}/meta.json was written by an older btlib.embed (no shard hashes): run the same command "
+                         "again, which redoes it")
+    sizes = _sizes(meta["rows"], meta["shard_size"])
+    on_disk = {(int(m.group(1)), m.group(2)): p for p in out.glob("shard-*.npy") if (m := _SHARD.fullmatch(p.name))}
+    for (k, h), path in sorted(on_disk.items(), key=lambda kv: kv[0][0]):
+        if k < len(hashes) and h != hashes[k] and (k, hashes[k]) not in on_disk:
+            raise ValueError(f"{path.name} holds rows of another version of {meta['source']} (it was edited since that "
+                             "shard was written): run the same command again, which redoes it")
+    missing = [k for k, h in enumerate(hashes) if (k, h) not in on_disk]
     if missing:
-        raise FileNotFoundError(f"{out} lacks {len(missing)} of {shards} shards (first: {missing[0]}): run the same command again to finish")
-    if not shards:
-        return np.empty((0, 0), dtype=np.float32)
-    return np.concatenate([np.load(out / f"shard-{k:05d}.npy") for k in range(shards)])
+        raise FileNotFoundError(f"{out} lacks {len(missing)} of {len(hashes)} shards (first: {missing[0]}): "
+                                "run the same command again to finish")
+    parts = []
+    for k, h in enumerate(hashes):
+        path = out / _shard_name(k, h)
+        if (damage := _damage(path, sizes[k], d, mmap=False)) is not None:
+            raise ValueError(f"{path.name} is damaged ({damage}): run the same command again, which redoes it")
+        parts.append(np.load(path))
+    return np.concatenate(parts) if parts else np.empty((0, d), dtype=np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", type=int, default=1024, help="rows per shard: the most a killed run loses")
     p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS)
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per forward pass")
+    p.add_argument("--gemm", default=None, choices=PATHS,
+                   help="pin the GEMM path at this process's thread count (default: the one this job's first run took)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     from .memory import keep_freed_memory
@@ -156,10 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # the corpus's batches reuse their activations' memory (btlib.memory; a no-op off glibc)
     try:
         r = embed_file(args.source, args.out, column=args.column, model_folder=args.model, shard_size=args.shard_size,
-                       precision=args.precision, max_batch_tokens=args.max_batch_tokens, progress=not args.quiet)
+                       precision=args.precision, max_batch_tokens=args.max_batch_tokens, gemm=args.gemm,
+                       progress=not args.quiet)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         print(f"python -m btlib.embed: {e}", file=sys.stderr)
         return 2
+    print(f"GEMM path {r['gemm']} at {r['threads']} threads ({r['gemm_how']})")
+    for k, why in sorted(r["redone"].items()):
+        print(f"shard {k} redone: {why}")
     rate = f", {r['texts_per_s']:,.0f} texts/s" if r["texts_per_s"] else ""
     print(f"{r['rows']} rows in {r['shards']} shards under {args.out}: {r['written']} written, {r['skipped']} already done "
           f"({r['seconds']:.1f} s{rate})")

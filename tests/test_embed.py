@@ -23,6 +23,15 @@ TEXTS = [" ".join(WORDS[(i * 5) % len(WORDS):][: 1 + (i * 7) % 17]) for i in ran
 TEXTS[3] = ""  # an empty line is a row too
 
 
+@pytest.fixture(scope="module", autouse=True)
+def jobs(tmp_path_factory):
+    """This module's own record of GEMM paths per job (btlib.embed.jobs_file), not the checkout's."""
+    path = tmp_path_factory.mktemp("jobs") / "jobs.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("btlib.embed.jobs_file", lambda: path)
+        yield
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
@@ -62,7 +71,7 @@ def test_interrupted_run_resumes_to_the_same_bits(corpus, uninterrupted):
 
     with pytest.raises(KeyboardInterrupt):
         embed_file(corpus / "texts.txt", out, shard_size=16, max_batch_tokens=96, progress=False, on_shard=stop_after_first)
-    assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.npy"]
+    assert [p.name[:11] for p in out.glob("shard-*")] == ["shard-00000"]
     with pytest.raises(FileNotFoundError, match="lacks 3 of 4 shards"):
         read_embeddings(out)
     r = embed_file(corpus / "texts.txt", out, shard_size=16, max_batch_tokens=96, progress=False)
@@ -77,7 +86,7 @@ def test_killed_process_resumes_to_the_same_bits(tmp_path, model):
     cmd = [sys.executable, "-m", "btlib.embed", str(tmp_path / "c.txt"), str(tmp_path / "out"), "--shard-size", "8", "--quiet"]
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
-    while not (tmp_path / "out" / "shard-00000.npy").exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not list((tmp_path / "out").glob("shard-00000-*.npy")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -134,6 +143,7 @@ def test_a_resumed_run_keeps_the_first_runs_gemm_path(tmp_path, corpus, monkeypa
             raise KeyboardInterrupt
 
     kw = dict(shard_size=16, max_batch_tokens=96, progress=False)
+    monkeypatch.setattr("btlib.embed.jobs_file", lambda: tmp_path / "jobs.json")  # a job no test has run yet
     monkeypatch.setenv("BTLIB_GEMM", first)
     embed_file(corpus / "texts.txt", tmp_path / "ref", **kw)
     with pytest.raises(KeyboardInterrupt):
