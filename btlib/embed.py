@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         print(f"python -m btlib.embed: {e}", file=sys.stderr)
         return 2
-    print(f"GEMM path {r['gemm']} at {r['threads']} threads ({r['gemm_how']})")
+    print(f"GEMM path {r['gemm']} at {r['threads']} thread{'s' * (r['threads'] != 1)} ({r['gemm_how']})")
     for k, why in sorted(r["redone"].items()):
         print(f"shard {k} redone: {why}")
     rate = f", {r['texts_per_s']:,.0f} texts/s" if r["texts_per_s"] else ""
