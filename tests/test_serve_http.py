@@ -76,7 +76,10 @@ def test_tei_route_health_and_metrics(client, model):
     ({"model": "m"}, 422, "input: Field required"),
     ({"input": [1, 2]}, 422, "input"),
     ({"input": "x", "encoding_format": "int8"}, 422, "encoding_format"),
-    ({"input": "x", "dimensions": 128}, 422, "this model has 384"),
+    ({"input": "x", "dimensions": 385}, 422, "this model gives 384 features; ask for 1 to 384"),
+    ({"input": "x", "dimensions": 0}, 422, "dimensions=0"),
+    ({"input": "x", "dimensions": "128"}, 422, "dimensions: Input should be a valid integer"),
+    ({"input": "x", "prompt": "query: "}, 422, "unknown field 'prompt': this route takes input, model, encoding_format"),
 ])
 def test_openai_route_errors_say_what_is_wrong(client, body, status, match):
     r = client.post("/v1/embeddings", json=body)
@@ -160,8 +163,10 @@ def test_api_key_middleware_exists_only_with_a_key_and_answers_each_api_its_401(
     a wrong one, on every route but /health; 200 with it."""
     from btlib.serve.app import create_app
 
+    from btlib.serve.guards import APIKey
+
     with BatchEncoder(model) as batcher:
-        assert create_app(batcher).user_middleware == []
+        assert APIKey not in [m.cls for m in create_app(batcher).user_middleware]
     message = "missing or wrong API key: send Authorization: Bearer <key>"
     with running_app(model, api_key="s3cret") as server, client_of(server) as c:
         r = c.post("/v1/embeddings", json={"input": "x"})

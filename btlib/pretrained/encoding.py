@@ -107,6 +107,16 @@ class SentenceEncoder(Prompts, HasHead):
         """Token ids per text (or pair), with the special tokens, truncated to ``max_length``; no padding."""
         return [e.ids for e in self._encodings(texts, None)]
 
+    def encodings(self, texts: Sequence[str | tuple[str, str]], *, prompt_name: str | None = None,
+                  prompt: str | None = None) -> list:
+        """The tokenizer's encodings of ``texts`` as :meth:`encode` runs them: the prompt that ``prompt`` /
+        ``prompt_name`` (or the folder's default) resolves to goes first, so ``len(e.ids)`` is the tokens a text
+        costs and ``e.overflowing`` says it was cut at ``max_length``. What a server counts against its token budget
+        and its length limit, and reports as usage: counting without the prompt undercounted every text by the
+        prompt's tokens (and let a text within max_length alone but past it with the prompt be truncated unseen)."""
+        check_texts(texts)
+        return self._encodings(texts, self.resolve_prompt(prompt, prompt_name))
+
     def _encodings(self, texts: Sequence[str | tuple[str, str]], prompt: str | None) -> list:
         """The tokenizer's encodings of ``texts``, the prompt before each text (a pair's first text)."""
         if prompt:

@@ -10,7 +10,10 @@ Needs the ``serve`` extra (fastapi, uvicorn).
 A folder whose config.json names a *ForSequenceClassification architecture is served as a reranker
 (btlib.load_reranker: POST /rerank), as text-embeddings-inference decides; any other as an embedding model.
 
-It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key).
+It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key), and answers only
+requests whose Host header names the address it bound (loopback names for 127.0.0.1; any for 0.0.0.0 / ::), so a web
+page cannot reach it through DNS rebinding; ``--allowed-host NAME`` adds a name (a proxy's). Request bodies past
+``--payload-limit`` bytes (2 MB, TEI's default) are refused before they are read. An empty API key is refused.
 SIGTERM / Ctrl-C stop it gracefully: no new connections, every accepted request answered, then exit.
 """
 
@@ -21,6 +24,7 @@ import os
 import sys
 
 from ..precision import ENCODE_PRECISIONS
+from .guards import PAYLOAD_LIMIT, check_api_key
 
 __all__ = ["main"]
 
@@ -41,7 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=os.environ.get("BTLIB_API_KEY"),
                    help="require Authorization: Bearer KEY (default: $BTLIB_API_KEY; none: no key)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
+    p.add_argument("--payload-limit", type=int, default=PAYLOAD_LIMIT,
+                   help=f"bytes of a request body at most; beyond: 413 before it is read (default {PAYLOAD_LIMIT:,}, TEI's)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host header name to answer besides the bound address's (repeatable; e.g. a proxy's DNS name)")
     args = p.parse_args(argv)
+    if args.api_key is not None:
+        try:
+            check_api_key(args.api_key)
+        except ValueError as e:
+            print(f"python -m btlib.serve: {e}", file=sys.stderr)
+            return 2
+    if args.payload_limit <= 0:
+        print(f"python -m btlib.serve: --payload-limit must be a positive number of bytes; got {args.payload_limit}", file=sys.stderr)
+        return 2
 
     from .extras import missing
 
@@ -53,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from ..pretrained import load_pretrained, load_reranker
-    from .app import bind, create_app, server_config
+    from .app import allowed_host_names, bind, create_app, server_config
     from .batcher import BatchEncoder
     from .rerank import PairScorer, is_reranker_folder
 
@@ -68,10 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # CheckpointError or PairScorer's num_labels: a folder btlib cannot serve, said without a traceback
         print(f"python -m btlib.serve: {e}", file=sys.stderr)
         return 2
-    batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                           max_queue=args.max_queue, precision=args.precision)
-    name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
-    app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs, auto_truncate=args.auto_truncate)
+    try:
+        batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                               max_queue=args.max_queue, precision=args.precision)
+        name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
+        app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
+                         auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,
+                         allowed_hosts=allowed_host_names(args.host, args.allowed_host))
+    except ValueError as e:  # a precision this model lacks (int8 on ModernBERT), a limit out of range: said at start
+        print(f"python -m btlib.serve: {e}", file=sys.stderr)
+        return 2
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     kind = " (reranker: POST /rerank)" if isinstance(model, PairScorer) else ""

@@ -2,8 +2,10 @@
 
 Routes (JSON unless said otherwise):
 
-    POST /v1/embeddings   OpenAI: {"input": str | [str], "model": ..., "encoding_format": "float" | "base64"}
-    POST /embed           TEI: {"inputs": str | [str], "normalize": true, "truncate": false} -> [[float, ...], ...]
+    POST /v1/embeddings   OpenAI: {"input": str | [str], "model": ..., "encoding_format": "float" | "base64",
+                          "dimensions": int, "user": str, "prompt_name": str (btlib's, as TEI's)}
+    POST /embed           TEI: {"inputs": str | [str], "normalize": true, "truncate": false, "truncation_direction",
+                          "prompt_name": str, "dimensions": int} -> [[float, ...], ...]
     POST /rerank          TEI: {"query": str, "texts": [str], "raw_scores": false, "return_text": false, "truncate": false}
                           -> [{"index": i, "score": float, "text"?: str}, ...], highest score first
     GET  /health          200 {"status": "ok"}, never behind the API key (for load balancers)
@@ -14,29 +16,43 @@ A server holds one model: an embedding model answers the embedding routes, a cro
 answer 424 saying which server to start (TEI's status for "model is not a re-ranker model").
 /rerank's pairs go through the same batcher as texts do (btlib.serve.rerank says why).
 
-Errors: 401 without the API key (``Authorization: Bearer KEY``); 413 for more than ``max_inputs``
-inputs or an input past the model's length without truncation; 422 with a message naming the field
-for a malformed body or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape);
-429 with ``Retry-After`` when the queue is full. /v1 errors have OpenAI's shape
+Every field of a request is honoured or refused by name: an unknown field is a 422 naming it (it was ignored, so a
+``prompt_name`` the server did not know gave the default prompt's vector without a word). ``prompt_name`` puts the
+folder's prompt (config_sentence_transformers.json) before each text and its tokens count everywhere tokens count:
+the length limit, the batcher's budget and ``usage``. ``dimensions`` keeps the first features (Matryoshka) and
+renormalises where the model's output is normalised, as OpenAI and TEI do.
+
+Errors: 401 without the API key (``Authorization: Bearer KEY``); 400 for a Host header that names neither this
+machine nor ``allowed_hosts`` (DNS rebinding: a web page whose name resolves to 127.0.0.1 reached a keyless
+loopback server); 413 for a body past ``payload_limit`` bytes (refused from its Content-Length before a byte of
+it is read, or as soon as a chunked body passes it), for more than ``max_inputs`` inputs, or for an input past the
+model's length with its prompt and without truncation; 422 with a message naming the field for a malformed body
+or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape); 429 with ``Retry-After`` when
+the queue is full; 500 in the route's error shape, the connection kept, for anything else. /v1 errors have OpenAI's shape
 ``{"error": {"message", "type", "code"}}``, /embed errors TEI's ``{"error", "error_type"}``.
 base64 is what the official ``openai`` client asks for by default: the float32 little-endian bytes.
+
+The event loop answers every connection, /health included, so nothing slow runs on it: a body of more than
+``_OFF_LOOP_BYTES`` is parsed, tokenized (the batcher counts tokens at submit) and its answer serialised on a worker
+thread. Before, a 49 MB body kept /health waiting 40 s and grew the process by 2.5 GB before its 413.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
-import secrets
+import logging
 import socket
 import threading
 from contextlib import asynccontextmanager
-from typing import Literal
-
-import numpy as np
+from typing import Literal, Sequence
 
 from ..pretrained.encoding import check_text
 from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .guards import (LOOPBACK_HOSTS, PAYLOAD_LIMIT, APIKey, BodyLimit, HostCheck, HTTPError, TooLarge, allowed_host_names,
+                     check_api_key, error_response)
 from .rerank import rank_scores
 from .extras import require
 from .stats import prometheus_text
@@ -50,69 +66,44 @@ from fastapi.openapi.utils import get_openapi  # noqa: E402
 from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa: E402
 from pydantic import BaseModel, ConfigDict, ValidationError  # noqa: E402
 
-__all__ = ["create_app", "start_server", "server_config", "RunningServer"]
+__all__ = ["create_app", "start_server", "server_config", "RunningServer", "allowed_host_names", "LOOPBACK_HOSTS", "PAYLOAD_LIMIT"]
+
+_OFF_LOOP_BYTES = 16_384  # a body past this is parsed and tokenized off the event loop (~2 ms of tokenizing on it at most)
+_log = logging.getLogger("btlib.serve")
+
+# strict: a field takes its JSON type only ("128" is not an int, "false" not a bool), as TEI's and OpenAI's servers
+# parse; extra="forbid": an unknown field is refused by name, never ignored.
+_STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 class OpenAIEmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # "user" and future fields are accepted and ignored
+    model_config = _STRICT
     input: str | list[str]
-    model: str | None = None
+    model: str | None = None  # any name: one model is served, and answers report its own name
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    user: str | None = None  # OpenAI's end-user id for abuse monitoring: accepted, changes no answer
+    prompt_name: str | None = None  # not OpenAI's: TEI's field, for a model whose queries need a prompt
 
 
 class TEIEmbedRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = None
 
 
 class TEIRerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     query: str
     texts: list[str]
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
     truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
-        self.status, self.message, self.kind, self.headers = status, message, kind, headers
-
-
-def _error_response(path: str, status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
-    """The error in the shape of the route's API: OpenAI's under /v1/, TEI's elsewhere."""
-    if path.startswith("/v1/"):
-        body = {"error": {"message": message, "type": kind, "code": status}}
-    else:
-        body = {"error": message, "error_type": kind}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class _APIKey:
-    """ASGI middleware: every HTTP route but /health answers 401 unless ``Authorization: Bearer <api_key>`` is sent.
-
-    A plain ASGI class, added only when a key is set: Starlette's BaseHTTPMiddleware (``@app.middleware("http")``)
-    runs each request through a task group and memory streams: with no key to check it cost 0.33 ms of server CPU
-    per POST /v1/embeddings (1.10 -> 0.77 ms without it; GET /health 0.37 -> 0.23 ms; 2-core Intel Xeon).
-    The header's bytes are compared in constant time (secrets.compare_digest) with the key's UTF-8 bytes.
-    """
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not secrets.compare_digest(given, self.expected):
-                response = _error_response(scope["path"], 401, "missing or wrong API key: send Authorization: Bearer <key>",
-                                           "authentication_error", {"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 def _json_content_type(value: str) -> bool:
@@ -129,34 +120,93 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
     JSON (no Content-Type, or not application/json or */*+json) are refused as FastAPI refused them.
     """
     if not _json_content_type(request.headers.get("content-type", "")):
-        raise _HTTPError(422, "malformed request body: send JSON with Content-Type: application/json", "invalid_request_error")
+        raise HTTPError(422, "malformed request body: send JSON with Content-Type: application/json", "invalid_request_error")
+    body = await request.body()
+    if len(body) > _OFF_LOOP_BYTES:
+        return await asyncio.get_running_loop().run_in_executor(None, _validate, body, model)
+    return _validate(body, model)
+
+
+def _validate(body: bytes, model: type[BaseModel]) -> BaseModel:
     try:
-        data = json.loads(await request.body())
+        data = json.loads(body)
     except json.JSONDecodeError as e:
-        raise _HTTPError(422, f"malformed request body: {e.pos}: JSON decode error ({e.msg})", "invalid_request_error") from None
+        raise HTTPError(422, f"malformed request body: {e.pos}: JSON decode error ({e.msg})", "invalid_request_error") from None
+    except UnicodeDecodeError as e:
+        raise HTTPError(422, f"malformed request body: byte {e.start} is not UTF-8 ({e.reason})", "invalid_request_error") from None
     if not isinstance(data, dict):
-        raise _HTTPError(422, "malformed request body: body: send a JSON object", "invalid_request_error")
+        raise HTTPError(422, "malformed request body: body: send a JSON object", "invalid_request_error")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)]
-        raise _HTTPError(422, "malformed request body: " + "; ".join(parts), "invalid_request_error") from None
+        fields = ", ".join(model.model_fields)
+        parts = [f"unknown field {'.'.join(str(x) for x in e['loc'])!r}: this route takes {fields}"
+                 if e["type"] == "extra_forbidden" else f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}"
+                 for e in exc.errors(include_url=False)]
+        raise HTTPError(422, "malformed request body: " + "; ".join(parts), "invalid_request_error") from None
+
+
+def _answers(endpoint):
+    """A route whose unexpected error is a 500 in the route's error shape, logged, on a connection that stays open
+    (an exception escaping the route reached uvicorn, which reset the connection without ``Connection: close``).
+    :class:`TooLarge` passes through to :class:`BodyLimit`, which answers it."""
+
+    @functools.wraps(endpoint)
+    async def wrapped(request: Request):
+        try:
+            return await endpoint(request)
+        except (HTTPError, TooLarge):
+            raise
+        except Exception as e:  # noqa: BLE001 - the server's bug or the model's: said, not hidden behind a reset
+            _log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(request.url.path, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+    return wrapped
+
+
+async def _dumps(obj, big: bool) -> str:
+    """json.dumps, off the event loop when the answer is big (8 x 384 floats took ~2 ms to write)."""
+    if big:
+        return await asyncio.get_running_loop().run_in_executor(None, json.dumps, obj)
+    return json.dumps(obj)
+
+
+def _normalizes(model) -> bool:
+    """Whether the model's own head L2-normalises (a Normalize module anywhere in it): normalize=false cannot be
+    undone then. A model without a head (a bare encode) does not."""
+    head = getattr(model, "head", None)
+    return any(type(m).__name__ == "NormalizeModule" for m in getattr(head, "modules", ()))
+
+
+def _output_dim(model) -> int | None:
+    """The width of the model's rows, known before a forward where the model has a head and a spec; else None."""
+    head, spec = getattr(model, "head", None), getattr(model, "spec", None)
+    if head is None or spec is None or not hasattr(head, "output_dim"):
+        return None
+    return head.output_dim(spec.d_model)
 
 
 def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", api_key: str | None = None,
-               max_inputs: int = 256, auto_truncate: bool = False) -> FastAPI:
+               max_inputs: int = 256, auto_truncate: bool = False, payload_limit: int = PAYLOAD_LIMIT,
+               allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The FastAPI app serving ``batcher``; closing the app (server shutdown) closes the batcher after answering.
 
     batcher.model: an embedding model (/v1/embeddings, /embed) or a :class:`btlib.serve.rerank.PairScorer`
     around a reranker (/rerank).
 
     model_name: reported in OpenAI responses (requests may name any model: one is served). api_key: if
-    set, every route but /health needs ``Authorization: Bearer <api_key>``. max_inputs: inputs per
-    request at most (413 beyond; <= the batcher's max_queue). auto_truncate: truncate overlong inputs
-    instead of answering 413 (TEI's --auto-truncate; /embed's ``truncate`` field overrides it).
+    set, every route but /health needs ``Authorization: Bearer <api_key>`` (an empty key is a ValueError). max_inputs:
+    inputs per request at most (413 beyond; <= the batcher's max_queue). auto_truncate: truncate overlong inputs
+    instead of answering 413 (TEI's --auto-truncate; /embed's ``truncate`` field overrides it). payload_limit: bytes
+    of a request body at most (413 beyond, TEI's 2 MB by default). allowed_hosts: the Host header names answered
+    (any port; :func:`allowed_host_names` derives them from a bind address); None or ("*",): any.
     """
     if max_inputs > batcher.max_queue:
         raise ValueError(f"max_inputs={max_inputs} exceeds the batcher's max_queue={batcher.max_queue}: such a request could never be queued")
+    if isinstance(payload_limit, bool) or not isinstance(payload_limit, int) or payload_limit <= 0:
+        raise ValueError(f"payload_limit must be a positive int (bytes); got {payload_limit!r}")
+    if api_key is not None:
+        check_api_key(api_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -166,76 +216,100 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 
     app = FastAPI(title="btlib.serve", lifespan=lifespan)
 
-    @app.exception_handler(_HTTPError)
-    async def _http_error(request: Request, exc: _HTTPError):
-        return _error_response(request.url.path, exc.status, exc.message, exc.kind, exc.headers)
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError):
+        return error_response(request.url.path, exc.status, exc.message, exc.kind, exc.headers)
 
+    # add_middleware puts each in front of the last: a request meets the Host check, then the key, then the body limit
+    app.add_middleware(BodyLimit, limit=payload_limit)
     if api_key is not None:
-        app.add_middleware(_APIKey, api_key=api_key)
+        app.add_middleware(APIKey, api_key=api_key)
+    if allowed_hosts is not None and "*" not in allowed_hosts:
+        app.add_middleware(HostCheck, allowed=tuple(allowed_hosts))
 
-    reranker = getattr(batcher.model, "scores_pairs", False)  # a PairScorer (or a wrapper forwarding its attributes)
+    model = batcher.model
+    reranker = getattr(model, "scores_pairs", False)  # a PairScorer (or a wrapper forwarding its attributes)
+    normalizes, width = _normalizes(model), _output_dim(model)
+    unit = normalizes and not getattr(getattr(model, "head", None), "truncate_dim", None)  # rows of length 1 as they come
 
     def holds(kind: str) -> None:
         """424 (TEI's status for a route the model does not serve) unless this server holds a ``kind`` model."""
         if kind == "reranker" and not reranker:
-            raise _HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank start "
+            raise HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank start "
                                   "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
         if kind == "embedding" and reranker:
-            raise _HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs; "
+            raise HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs; "
                                   "for embeddings start python -m btlib.serve with an embedding model folder", "backend")
 
     def truncation(direction: str, truncate: bool | None) -> bool:
         if direction.lower() != "right":
-            raise _HTTPError(422, "truncation_direction=left: this server truncates the end of a text only; "
+            raise HTTPError(422, "truncation_direction=left: this server truncates the end of a text only; "
                                   "leave truncation_direction out (or shorten the text)", "Validation")
         return auto_truncate if truncate is None else truncate
 
-    async def run(items: list, truncate: bool, field: str = "input", noun: str = "inputs"):
-        """Queue ``items`` (texts or pairs) on the batcher; (rows (len(items), d), tokens) once their batch ran."""
+    def check_dimensions(dimensions: int | None) -> None:
+        if dimensions is not None and not (1 <= dimensions <= (width or dimensions)):
+            raise HTTPError(422, f"dimensions={dimensions}: this model gives {width} features; ask for 1 to {width} "
+                                  "(or leave dimensions out)", "invalid_request_error")
+
+    def shape(emb, dimensions: int | None, normalize: bool):
+        """(N, d) rows -> (N, dimensions) rows, L2-normalised where ``normalize`` (Matryoshka: truncate, then normalise)."""
+        if dimensions is not None:
+            if dimensions > emb.shape[1]:  # a model without a known width: checked once its rows are in
+                raise HTTPError(422, f"dimensions={dimensions}: this model gives {emb.shape[1]} features; ask for 1 to "
+                                      f"{emb.shape[1]} (or leave dimensions out)", "invalid_request_error")
+            emb = emb[:, :dimensions]
+        return emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12) if normalize else emb
+
+    async def run(items: list, truncate: bool, field: str = "input", noun: str = "inputs", prompt_name: str | None = None):
+        """Queue ``items`` (texts or pairs) on the batcher; (rows (len(items), d), tokens) once their batch ran.
+
+        Tokenizing (the batcher counts tokens at submit) runs off the event loop for a big request."""
         if not items:
-            raise _HTTPError(422, f"{field} must not be empty", "invalid_request_error")
+            raise HTTPError(422, f"{field} must not be empty", "invalid_request_error")
         if len(items) > max_inputs:
-            raise _HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {max_inputs} per request; "
+            raise HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {max_inputs} per request; "
                                   "split the request", "invalid_request_error")
+        submit = functools.partial(batcher.submit, items, truncate=truncate, prompt_name=prompt_name)
+        big = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items) > _OFF_LOOP_BYTES // 4
         try:
-            future = batcher.submit(items, truncate=truncate)
+            future = await asyncio.get_running_loop().run_in_executor(None, submit) if big else submit()
         except Overloaded as e:
-            raise _HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
+            raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:
-            raise _HTTPError(413, str(e), "invalid_request_error") from None
-        except ValueError as e:  # a text that is not Unicode (a lone surrogate): named by its index
-            raise _HTTPError(422, f"{field}: {e}", "invalid_request_error") from None
+            raise HTTPError(413, str(e), "invalid_request_error") from None
+        except ValueError as e:  # a text that is not Unicode (a lone surrogate), or an unknown prompt_name
+            raise HTTPError(422, f"{'prompt_name' if 'prompt_name' in str(e) else field}: {e}",
+                             "invalid_request_error") from None
         except RuntimeError as e:  # closed: the server is shutting down
-            raise _HTTPError(503, str(e), "unavailable") from None
+            raise HTTPError(503, str(e), "unavailable") from None
         return await asyncio.wrap_future(future), future.tokens
 
     async def openai_embeddings(request: Request):
         body = await _parse(request, OpenAIEmbeddingRequest)
         holds("embedding")
+        check_dimensions(body.dimensions)
         texts = [body.input] if isinstance(body.input, str) else body.input
-        emb, tokens = await run(texts, auto_truncate)
-        if body.dimensions is not None and body.dimensions != emb.shape[1]:
-            raise _HTTPError(422, f"dimensions={body.dimensions}: this model has {emb.shape[1]} (leave dimensions out)",
-                             "invalid_request_error")
-        rows = emb.numpy().astype("<f4")
+        emb, tokens = await run(texts, auto_truncate, prompt_name=body.prompt_name)
+        rows = shape(emb, body.dimensions, normalizes and body.dimensions is not None).numpy().astype("<f4")
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(r.tobytes()).decode() if body.encoding_format == "base64" else r.tolist()}
                 for i, r in enumerate(rows)]
         out = {"object": "list", "data": data, "model": model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return Response(json.dumps(out), media_type="application/json")
+        return Response(await _dumps(out, rows.size > 4096), media_type="application/json")
 
     async def tei_embed(request: Request):
         body = await _parse(request, TEIEmbedRequest)
         holds("embedding")
+        check_dimensions(body.dimensions)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        normalized = batcher.model.pooling.normalize if hasattr(batcher.model, "pooling") else False
-        if not body.normalize and normalized:
-            raise _HTTPError(422, "normalize=false: this model's folder normalises its embeddings (modules.json); "
-                                  "leave normalize out", "Validation")
-        emb, _ = await run(texts, truncation(body.truncation_direction, body.truncate), "inputs")
-        if body.normalize and not normalized:
-            emb = emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-        return Response(json.dumps(emb.numpy().tolist()), media_type="application/json")
+        if not body.normalize and normalizes:
+            raise HTTPError(422, "normalize=false: this model's folder normalises its embeddings (a Normalize module in "
+                                  "modules.json); leave normalize out", "Validation")
+        emb, _ = await run(texts, truncation(body.truncation_direction, body.truncate), "inputs", prompt_name=body.prompt_name)
+        # normalize=true: unit rows; rows the head left unit (no truncation after its Normalize) are kept as they are
+        emb = shape(emb, body.dimensions, body.normalize and not (unit and body.dimensions is None))
+        return Response(await _dumps(emb.numpy().tolist(), emb.numel() > 4096), media_type="application/json")
 
     async def tei_rerank(request: Request):
         body = await _parse(request, TEIRerankRequest)
@@ -245,7 +319,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
             try:  # named by the request's own fields, not by the (query, text) pairs the batcher would see
                 check_text(text, name)
             except ValueError as e:
-                raise _HTTPError(422, str(e), "Validation") from None
+                raise HTTPError(422, str(e), "Validation") from None
         logits, _ = await run([(body.query, t) for t in body.texts], truncate, "texts", "texts")  # (N, 1)
         ranks = [{"index": i, "score": score, **({"text": body.texts[i]} if body.return_text else {})}
                  for i, score in rank_scores(logits, body.raw_scores)]
@@ -257,7 +331,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     posts = {"/v1/embeddings": (openai_embeddings, OpenAIEmbeddingRequest), "/embed": (tei_embed, TEIEmbedRequest),
              "/rerank": (tei_rerank, TEIRerankRequest)}
     for path, (endpoint, _) in posts.items():
-        app.router.add_route(path, endpoint, methods=["POST"])
+        app.router.add_route(path, _answers(endpoint), methods=["POST"])
 
     def openapi() -> dict:
         if app.openapi_schema is None:

@@ -74,6 +74,11 @@ class Encoder(Protocol):
     tokenizer: a ``tokenizers.Tokenizer`` with truncation at ``max_length`` (counts tokens, finds overlong texts).
     encode(texts, batch_size=, precision=) -> (len(texts), d) float32; texts are str, or (str, str) pairs
     for a model that takes pairs (a PairScorer: d = 1, the logit).
+
+    Optional: ``encodings(texts, prompt_name=)`` (the tokenizer's encodings as encode runs them, the prompt
+    first: btlib's encoders have it; without it the tokenizer counts the texts alone and prompt_name is refused),
+    ``PRECISIONS`` (the precisions encode takes; default btlib.precision.ENCODE_PRECISIONS) and ``WHO`` (the
+    model's name in the error for one it lacks).
     """
 
     tokenizer: object
@@ -107,6 +112,7 @@ class _Request:
     tokens: int
     arrival: float  # time.perf_counter() at submit
     future: Future
+    prompt_name: str | None = None  # None: the folder's default prompt, as encode without one
 
 
 def _positive(name: str, value, kind=int, allow_zero: bool = False) -> None:
@@ -123,7 +129,8 @@ class BatchEncoder:
     (a request bigger than it runs alone). max_wait_ms: how long a batch may wait to fill, >= 0.
     max_queue: texts waiting at most; more is refused with :class:`Overloaded`. max_batch_requests:
     requests per batch at most (None: only the token budget counts). precision: passed to ``encode``
-    (checked here, once: one of btlib.precision.ENCODE_PRECISIONS or None).
+    (checked here, once, against the model's own ``PRECISIONS``: a server started with int8 on a family
+    without an int8 twin is refused at start, not with an error at every request).
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 2.0, max_queue: int = 1024,
@@ -137,7 +144,9 @@ class BatchEncoder:
         if getattr(model, "tokenizer", None) is None or not hasattr(model, "encode"):
             raise TypeError("model needs a tokenizer and encode(): pass btlib.load_pretrained(...) (a model made by "
                             "from_config without a tokenizer cannot count tokens)")
-        self.model, self.precision = model, check_precision(precision, ENCODE_PRECISIONS)
+        self.model = model
+        self.precision = check_precision(precision, getattr(model, "PRECISIONS", ENCODE_PRECISIONS),
+                                         who=getattr(model, "WHO", None) or type(model).__name__)
         self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1e3, max_queue
         self.max_batch_requests = max_batch_requests
         self.stats = BatcherStats()
@@ -150,25 +159,47 @@ class BatchEncoder:
         self._worker.start()
 
     # -- callers -----------------------------------------------------------------------------
-    def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True) -> list[int]:
-        """Tokens per text (pair) as the model will see them; truncate=False raises InputTooLong for one past ``max_length``."""
-        encodings = self.model.tokenizer.encode_batch(list(texts))
+    def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> list[int]:
+        """Tokens per text (pair) as the model will see them, its prompt included (``prompt_name``, else the folder's
+        default prompt); truncate=False raises InputTooLong for one past ``max_length`` with its prompt.
+        ValueError for a prompt_name the model does not have."""
+        texts = list(texts)
+        if hasattr(self.model, "encodings"):
+            encodings = self.model.encodings(texts, prompt_name=prompt_name)
+        elif prompt_name is not None:
+            raise ValueError(f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out")
+        else:
+            encodings = self.model.tokenizer.encode_batch(texts)
         if not truncate:
             long = [i for i, e in enumerate(encodings) if e.overflowing]
             if long:
                 what = "(query, text) pair" if isinstance(texts[long[0]], tuple) else "input"
-                raise InputTooLong(f"{what} {long[0]} has more than {self.model.max_length} tokens, the most this model takes "
-                                   f"({len(long)} such inputs); shorten it or allow truncation")
+                prompt = self._prompt_note(prompt_name)
+                raise InputTooLong(f"{what} {long[0]} has more than {self.model.max_length} tokens{prompt}, the most this "
+                                   f"model takes ({len(long)} such inputs); shorten it or allow truncation")
         return [len(e.ids) for e in encodings]
 
-    def submit(self, texts: Sequence[Item], *, truncate: bool = True) -> Future:
+    def _prompt_note(self, prompt_name: str | None) -> str:
+        """" with its prompt 'query: ' (3 tokens)" where a prompt applies, else ""."""
+        if not hasattr(self.model, "resolve_prompt"):
+            return ""
+        prompt = self.model.resolve_prompt(None, prompt_name)
+        if not prompt:
+            return ""
+        return f" with its prompt {prompt!r:.60} ({len(self.model.tokenizer.encode(prompt, add_special_tokens=False).ids)} tokens)"
+
+    def submit(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Future:
         """Queue ``texts`` (a list of str, or of (str, str) pairs); returns a Future of their (len(texts), d) float32 rows.
 
-        The future's ``tokens`` attribute is the request's token count (what OpenAI's API reports as usage).
+        prompt_name: one of the model's prompts (sentence-transformers' config_sentence_transformers.json), put
+        before each text; None: the folder's default prompt, if any. The prompt's tokens count wherever tokens
+        count: the length limit, the token budget, and the future's ``tokens`` attribute (the request's token
+        count, what OpenAI's API reports as usage).
 
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
-        (truncate=False and a text too long), TypeError for texts that are not a list of str or pairs,
-        ValueError for a text with a lone surrogate or more texts than ``max_queue``, RuntimeError after :meth:`close`.
+        (truncate=False and a text too long with its prompt), TypeError for texts that are not a list of str or
+        pairs, ValueError for a text with a lone surrogate, an unknown prompt_name or more texts than ``max_queue``,
+        RuntimeError after :meth:`close`.
         """
         texts = check_items(texts)
         if len(texts) > self.max_queue:
@@ -178,7 +209,7 @@ class BatchEncoder:
         if not texts:
             future.set_result(self.model.encode([], batch_size=1, precision=self.precision))
             return future
-        tokens = future.tokens = sum(self.count_tokens(texts, truncate=truncate))
+        tokens = future.tokens = sum(self.count_tokens(texts, truncate=truncate, prompt_name=prompt_name))
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEncoder is closed")
@@ -186,20 +217,21 @@ class BatchEncoder:
                 self.stats.refuse()
                 raise Overloaded(f"queue full: {self._queued_texts} texts waiting (max_queue={self.max_queue}); retry later",
                                  self._retry_after_s())
-            self._queue.append(_Request(texts, tokens, time.perf_counter(), future))
+            self._queue.append(_Request(texts, tokens, time.perf_counter(), future, prompt_name))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
             self.stats.accepted(len(texts))
             self._cond.notify()
         return future
 
-    def encode(self, texts: Sequence[Item], *, timeout: float | None = None, truncate: bool = True) -> Tensor:
+    def encode(self, texts: Sequence[Item], *, timeout: float | None = None, truncate: bool = True,
+               prompt_name: str | None = None) -> Tensor:
         """Blocking :meth:`submit`: the (len(texts), d) float32 embeddings."""
-        return self.submit(texts, truncate=truncate).result(timeout)
+        return self.submit(texts, truncate=truncate, prompt_name=prompt_name).result(timeout)
 
-    async def aencode(self, texts: Sequence[Item], *, truncate: bool = True) -> Tensor:
+    async def aencode(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Tensor:
         """:meth:`submit` awaited from asyncio (the event loop keeps running while the batch computes)."""
-        return await asyncio.wrap_future(self.submit(texts, truncate=truncate))
+        return await asyncio.wrap_future(self.submit(texts, truncate=truncate, prompt_name=prompt_name))
 
     def queue_depth(self) -> tuple[int, int]:
         """(requests, texts) waiting now."""
@@ -268,6 +300,20 @@ class BatchEncoder:
                 batch = self._take()
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
 
+    def _encode(self, batch: list[_Request]) -> list[Tensor]:
+        """Each request's (len(r.texts), d) rows: one ``model.encode`` per prompt in the batch (encode puts one prompt
+        before all its texts), so a batch of one prompt, the usual case, is one forward."""
+        groups: dict[str | None, list[_Request]] = {}
+        for r in batch:
+            groups.setdefault(r.prompt_name, []).append(r)
+        rows: dict[int, Tensor] = {}
+        for name, requests in groups.items():
+            texts = [t for r in requests for t in r.texts]
+            prompt = {} if name is None else {"prompt_name": name}
+            emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision, **prompt)  # (len(texts), d)
+            rows.update(zip(map(id, requests), emb.split([len(r.texts) for r in requests])))
+        return [rows[id(r)] for r in batch]
+
     def _run_batch(self, batch: list[_Request]) -> None:
         """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
         submit did not catch fails only the request that sent it, not every request that shared its batch."""
@@ -276,8 +322,7 @@ class BatchEncoder:
         texts = [t for r in batch for t in r.texts]
         t0 = time.perf_counter()
         try:
-            emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision)  # (len(texts), d)
-            parts, error = emb.split([len(r.texts) for r in batch]), None
+            parts, error = self._encode(batch), None
         except Exception as e:  # noqa: BLE001 - the error belongs to the callers of this batch, not to the worker
             parts, error = None, e
         done = time.perf_counter()

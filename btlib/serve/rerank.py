@@ -48,6 +48,8 @@ class PairScorer:
                              "(btlib.load_reranker's folders with one label, e.g. ms-marco-MiniLM-L-6-v2)")
         self.reranker = reranker
         self.tokenizer, self.max_length = reranker.encoder.tokenizer, reranker.encoder.max_length
+        # the precisions predict takes (the batcher checks --precision against them at start) and whose they are
+        self.PRECISIONS, self.WHO = reranker.encoder.PRECISIONS, reranker.encoder.WHO or "this reranker"
 
     def encode(self, pairs: Sequence[tuple[str, str]], *, batch_size: int, precision: str | None) -> Tensor:
         if not pairs:
