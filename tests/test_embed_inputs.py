@@ -109,3 +109,27 @@ def test_nul_tabs_and_long_lines_are_text(tmp_path, model, jobs):
     (tmp_path / "c.txt").write_bytes("\n".join(rows).encode() + b"\n")
     embed_file(tmp_path / "c.txt", tmp_path / "out", **KW)
     np.testing.assert_allclose(read_embeddings(tmp_path / "out"), model.encode(rows).numpy(), atol=1e-6, rtol=0)
+
+
+def test_encode_by_tokens_counts_the_default_prompt_in_its_budget(tmp_path):
+    """A folder with a default prompt: each text costs its prompt's tokens too, and no forward runs past the budget
+    (was: counted with model.tokenize, which leaves the prompt out)."""
+    pytest.importorskip("sentence_transformers")
+    from btlib import load_pretrained
+    from st_folders import write_hf, write_st
+
+    folder = write_st(tmp_path / "st", write_hf(tmp_path / "hf", "bert"), prompts={"query": "w1 w2 w3 w4 "},
+                      default_prompt_name="query")
+    model, runs = load_pretrained(folder), []
+    real = model.encode
+
+    def spy(texts, **kw):
+        runs.append(sum(len(e.ids) for e in model.encodings(texts)))
+        return real(texts, **kw)
+
+    texts = ["w5 w6", "W7", "w8 w9 w10"] * 4  # 4 + 3 + 5 tokens, 8 + 7 + 9 with the prompt
+    model.encode = spy
+    rows = encode_by_tokens(model, texts, max_batch_tokens=24)
+    model.encode = real
+    assert runs and max(runs) <= 24 and sum(runs) == 4 * (8 + 7 + 9), runs
+    torch.testing.assert_close(rows, model.encode(texts), atol=1e-6, rtol=0)

@@ -132,7 +132,10 @@ def encode_by_tokens(model, texts: Sequence[str], *, max_batch_tokens: int = 819
     check_texts(texts)  # before tokenizing: the Rust tokenizer answers a lone surrogate with a TypeError about its input type
     if not texts:
         return model.encode([], batch_size=1, precision=precision)
-    lengths = [len(ids) for ids in model.tokenize(texts)]
+    # the tokens each text costs as encode runs it, the folder's default prompt included (model.tokenize leaves it out,
+    # so a prompted model's batches ran past the budget by the prompt's tokens per text)
+    lengths = [len(e.ids) for e in model.encodings(texts)] if hasattr(model, "encodings") else \
+        [len(ids) for ids in model.tokenize(texts)]
     order = sorted(range(len(texts)), key=lambda i: lengths[i])
     groups, group, used = [], [], 0
     for i in order:
