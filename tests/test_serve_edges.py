@@ -326,3 +326,15 @@ def test_allowed_host_names_follow_the_bind_address():
     assert allowed_host_names("::") == ("*",)
     assert allowed_host_names("10.1.2.3") == ("127.0.0.1", "localhost", "::1", "10.1.2.3")
     assert allowed_host_names("0.0.0.0", ["embed.internal"]) == ("127.0.0.1", "localhost", "::1", "embed.internal")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "cesu-surrogate", "bom"])
+def test_a_body_not_in_utf8_is_refused_as_the_body(client, encoding):
+    """Was (found by tests/fuzz_serve.py): json.loads(bytes) guessed UTF-16 / UTF-32 and answered 200 (TEI's serde_json
+    and RFC 8259 take UTF-8 only), and decoded a surrogate's 3 bytes (not UTF-8) into a field name: a 422 about an
+    unknown field '\\ud800inputs'. Now the body is refused as the body."""
+    body = json.dumps({"inputs": "w1"})
+    raw = {"cesu-surrogate": b'{"\xed\xa0\x80inputs": "w1"}', "bom": b"\xef\xbb\xbf" + body.encode()}.get(encoding)
+    r = client.post("/embed", content=raw or body.encode(encoding), headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"].startswith("malformed request body: ") and ("UTF-8" in r.json()["error"] or "JSON" in r.json()["error"]), r.text

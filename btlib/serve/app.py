@@ -27,7 +27,7 @@ machine nor ``allowed_hosts`` (DNS rebinding: a web page whose name resolves to 
 loopback server); 413 for a body past ``payload_limit`` bytes (refused from its Content-Length before a byte of
 it is read, or as soon as a chunked body passes it), for more than ``max_inputs`` inputs, or for an input past the
 model's length with its prompt and without truncation; 422 with a message naming the field for a malformed body
-or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape); 429 with ``Retry-After`` when
+(one not in UTF-8 included: UTF-16, a UTF-8 BOM) or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape); 429 with ``Retry-After`` when
 the queue is full; 500 in the route's error shape, the connection kept, for anything else. /v1 errors have OpenAI's shape
 ``{"error": {"message", "type", "code"}}``, /embed errors TEI's ``{"error", "error_type"}``.
 base64 is what the official ``openai`` client asks for by default: the float32 little-endian bytes.
@@ -129,7 +129,10 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
 
 def _validate(body: bytes, model: type[BaseModel]) -> BaseModel:
     try:
-        data = json.loads(body)
+        # decoded as UTF-8 first: json.loads(bytes) guesses UTF-16 / UTF-32 and decodes with surrogatepass, so a
+        # UTF-32 body was answered and a surrogate's 3 bytes became a field name; JSON between systems is UTF-8
+        # (RFC 8259 8.1), as TEI's serde_json reads it
+        data = json.loads(body.decode("utf-8"))
     except json.JSONDecodeError as e:
         raise HTTPError(422, f"malformed request body: {e.pos}: JSON decode error ({e.msg})", "invalid_request_error") from None
     except UnicodeDecodeError as e:
