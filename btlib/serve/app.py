@@ -239,30 +239,42 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         """424 (TEI's status for a route the model does not serve) unless this server holds a ``kind`` model."""
         if kind == "reranker" and not reranker:
             raise HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank start "
-                                  "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
+                                 "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
         if kind == "embedding" and reranker:
             raise HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs; "
-                                  "for embeddings start python -m btlib.serve with an embedding model folder", "backend")
+                                 "for embeddings start python -m btlib.serve with an embedding model folder", "backend")
 
     def truncation(direction: str, truncate: bool | None) -> bool:
         if direction.lower() != "right":
             raise HTTPError(422, "truncation_direction=left: this server truncates the end of a text only; "
-                                  "leave truncation_direction out (or shorten the text)", "Validation")
+                                 "leave truncation_direction out (or shorten the text)", "Validation")
         return auto_truncate if truncate is None else truncate
 
     def check_dimensions(dimensions: int | None) -> None:
         if dimensions is not None and not (1 <= dimensions <= (width or dimensions)):
             raise HTTPError(422, f"dimensions={dimensions}: this model gives {width} features; ask for 1 to {width} "
-                                  "(or leave dimensions out)", "invalid_request_error")
+                                 "(or leave dimensions out)", "invalid_request_error")
 
     def shape(emb, dimensions: int | None, normalize: bool):
         """(N, d) rows -> (N, dimensions) rows, L2-normalised where ``normalize`` (Matryoshka: truncate, then normalise)."""
         if dimensions is not None:
             if dimensions > emb.shape[1]:  # a model without a known width: checked once its rows are in
                 raise HTTPError(422, f"dimensions={dimensions}: this model gives {emb.shape[1]} features; ask for 1 to "
-                                      f"{emb.shape[1]} (or leave dimensions out)", "invalid_request_error")
+                                     f"{emb.shape[1]} (or leave dimensions out)", "invalid_request_error")
             emb = emb[:, :dimensions]
         return emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12) if normalize else emb
+
+    def check_prompt(prompt_name: str | None) -> None:
+        """422 naming prompt_name unless the model has that prompt (sentence-transformers' config_sentence_transformers.json)."""
+        if prompt_name is None:
+            return
+        if not hasattr(model, "resolve_prompt"):
+            raise HTTPError(422, f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out",
+                            "invalid_request_error")
+        try:
+            model.resolve_prompt(None, prompt_name)
+        except ValueError as e:
+            raise HTTPError(422, f"prompt_name: {e}", "invalid_request_error") from None
 
     async def run(items: list, truncate: bool, field: str = "input", noun: str = "inputs", prompt_name: str | None = None):
         """Queue ``items`` (texts or pairs) on the batcher; (rows (len(items), d), tokens) once their batch ran.
@@ -272,7 +284,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
             raise HTTPError(422, f"{field} must not be empty", "invalid_request_error")
         if len(items) > max_inputs:
             raise HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {max_inputs} per request; "
-                                  "split the request", "invalid_request_error")
+                                 "split the request", "invalid_request_error")
         submit = functools.partial(batcher.submit, items, truncate=truncate, prompt_name=prompt_name)
         big = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items) > _OFF_LOOP_BYTES // 4
         try:
@@ -281,9 +293,8 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
             raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:
             raise HTTPError(413, str(e), "invalid_request_error") from None
-        except ValueError as e:  # a text that is not Unicode (a lone surrogate), or an unknown prompt_name
-            raise HTTPError(422, f"{'prompt_name' if 'prompt_name' in str(e) else field}: {e}",
-                             "invalid_request_error") from None
+        except ValueError as e:  # a text that is not Unicode (a lone surrogate)
+            raise HTTPError(422, f"{field}: {e}", "invalid_request_error") from None
         except RuntimeError as e:  # closed: the server is shutting down
             raise HTTPError(503, str(e), "unavailable") from None
         return await asyncio.wrap_future(future), future.tokens
@@ -292,6 +303,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         body = await _parse(request, OpenAIEmbeddingRequest)
         holds("embedding")
         check_dimensions(body.dimensions)
+        check_prompt(body.prompt_name)
         texts = [body.input] if isinstance(body.input, str) else body.input
         emb, tokens = await run(texts, auto_truncate, prompt_name=body.prompt_name)
         rows = shape(emb, body.dimensions, normalizes and body.dimensions is not None).numpy().astype("<f4")
@@ -305,10 +317,11 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         body = await _parse(request, TEIEmbedRequest)
         holds("embedding")
         check_dimensions(body.dimensions)
+        check_prompt(body.prompt_name)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if not body.normalize and normalizes:
             raise HTTPError(422, "normalize=false: this model's folder normalises its embeddings (a Normalize module in "
-                                  "modules.json); leave normalize out", "Validation")
+                                 "modules.json); leave normalize out", "Validation")
         emb, _ = await run(texts, truncation(body.truncation_direction, body.truncate), "inputs", prompt_name=body.prompt_name)
         # normalize=true: unit rows; rows the head left unit (no truncation after its Normalize) are kept as they are
         emb = shape(emb, body.dimensions, body.normalize and not (unit and body.dimensions is None))

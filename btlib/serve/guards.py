@@ -55,7 +55,7 @@ class APIKey:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not secrets.compare_digest(given, self.expected):
                 response = error_response(scope["path"], 401, "missing or wrong API key: send Authorization: Bearer <key>",
-                                           "authentication_error", {"WWW-Authenticate": "Bearer"})
+                                          "authentication_error", {"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -119,8 +119,8 @@ class BodyLimit:
     async def _refuse(self, scope, receive, send, size: int | None) -> None:
         what = f"a body of {size:,} bytes" if size is not None else "the body"
         response = error_response(scope["path"], 413, f"{what} exceeds this server's limit of {self.limit:,} bytes "
-                                   "(python -m btlib.serve --payload-limit BYTES raises it); split the request",
-                                   "payload_too_large", {"Connection": "close"})
+                                  "(python -m btlib.serve --payload-limit BYTES raises it); split the request",
+                                  "payload_too_large", {"Connection": "close"})
         await response(scope, receive, send)
 
 
@@ -163,7 +163,7 @@ class HostCheck:
             if host is not None and not self._ok(host):
                 allowed = ", ".join(sorted(self.allowed))
                 response = error_response(scope["path"], 400, f"Host {host.decode('latin-1')!r} is not this server's "
-                                           f"({allowed}): to serve another name start python -m btlib.serve with "
-                                           "--allowed-host NAME", "invalid_host")
+                                          f"({allowed}): to serve another name start python -m btlib.serve with "
+                                          "--allowed-host NAME", "invalid_host")
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
