@@ -118,7 +118,7 @@ def test_a_damaged_shard_is_named_and_the_advice_mends_it(tmp_path, model, capsy
     with pytest.raises(ValueError, match=rf"{path.name} is damaged \(.+\): run the same command again, which redoes it"):
         read_embeddings(tmp_path / "out")
     assert main([str(src), str(tmp_path / "out"), "--shard-size", "4", "--max-batch-tokens", "64", "--quiet"]) == 0
-    assert f"shard 1 redone: it was damaged" in capsys.readouterr().out
+    assert "shard 1 redone: it was damaged" in capsys.readouterr().out
     assert np.array_equal(read_embeddings(tmp_path / "out"), good)
 
 

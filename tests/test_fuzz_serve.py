@@ -21,7 +21,7 @@ pytest.importorskip("sentence_transformers")
 import fuzz_serve  # noqa: E402
 import serve_oracle  # noqa: E402
 
-TESTED_HERE = ["btlib.serve.app", "btlib.serve.guards", "btlib.serve.batcher", "btlib.serve.rerank"]
+TESTED_HERE = ["btlib.serve.app", "btlib.serve.bodies", "btlib.serve.guards", "btlib.serve.batcher", "btlib.serve.rerank"]
 
 
 @pytest.fixture(scope="module")

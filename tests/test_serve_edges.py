@@ -271,7 +271,7 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read(prompted):
 def test_a_big_body_is_parsed_and_tokenized_off_the_event_loop(prompted, monkeypatch):
     """Which thread counts the tokens: the event loop's for a small request, a worker's for a big one (a 49 MB body
     kept /health waiting 40 s)."""
-    from btlib.serve import app as app_module
+    from btlib.serve import bodies
 
     threads = []
     model = load_pretrained(prompted)
@@ -285,7 +285,7 @@ def test_a_big_body_is_parsed_and_tokenized_off_the_event_loop(prompted, monkeyp
         monkeypatch.setattr(BatchEncoder, "count_tokens", spy)
         assert c.post("/embed", json={"inputs": "w1"}).status_code == 200
         big = ["w1 w2 w3 w4 w5 w6 w7"] * 256  # 5 KB of text: over the threshold's text part
-        assert app_module._OFF_LOOP_BYTES // 4 < sum(map(len, big))
+        assert bodies.OFF_LOOP_BYTES // 4 < sum(map(len, big))
         assert c.post("/embed", json={"inputs": big}).status_code == 200
     loop_thread = threads[0]
     assert threads[1] != loop_thread, threads

@@ -33,7 +33,7 @@ the queue is full; 500 in the route's error shape, the connection kept, for anyt
 base64 is what the official ``openai`` client asks for by default: the float32 little-endian bytes.
 
 The event loop answers every connection, /health included, so nothing slow runs on it: a body of more than
-``_OFF_LOOP_BYTES`` is parsed, tokenized (the batcher counts tokens at submit) and its answer serialised on a worker
+``OFF_LOOP_BYTES`` is parsed, tokenized (the batcher counts tokens at submit) and its answer serialised on a worker
 thread. Before, a 49 MB body kept /health waiting 40 s and grew the process by 2.5 GB before its 413.
 """
 
@@ -43,15 +43,15 @@ import asyncio
 import base64
 import functools
 import json
-import logging
 import socket
 import threading
 from contextlib import asynccontextmanager
-from typing import Literal, Sequence
+from typing import Sequence
 
 from ..pretrained.encoding import check_text
 from .batcher import BatchEncoder, InputTooLong, Overloaded
-from .guards import (LOOPBACK_HOSTS, PAYLOAD_LIMIT, APIKey, BodyLimit, HostCheck, HTTPError, TooLarge, allowed_host_names,
+from .bodies import OFF_LOOP_BYTES, OpenAIEmbeddingRequest, TEIEmbedRequest, TEIRerankRequest, answers, dumps, parse
+from .guards import (LOOPBACK_HOSTS, PAYLOAD_LIMIT, APIKey, BodyLimit, HostCheck, HTTPError, allowed_host_names,
                      check_api_key, error_response)
 from .rerank import rank_scores
 from .extras import require
@@ -64,115 +64,8 @@ import uvicorn  # noqa: E402 - after the checks that name the extra
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.openapi.utils import get_openapi  # noqa: E402
 from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa: E402
-from pydantic import BaseModel, ConfigDict, ValidationError  # noqa: E402
 
 __all__ = ["create_app", "start_server", "server_config", "RunningServer", "allowed_host_names", "LOOPBACK_HOSTS", "PAYLOAD_LIMIT"]
-
-_OFF_LOOP_BYTES = 16_384  # a body past this is parsed and tokenized off the event loop (~2 ms of tokenizing on it at most)
-_log = logging.getLogger("btlib.serve")
-
-# strict: a field takes its JSON type only ("128" is not an int, "false" not a bool), as TEI's and OpenAI's servers
-# parse; extra="forbid": an unknown field is refused by name, never ignored.
-_STRICT = ConfigDict(extra="forbid", strict=True)
-
-
-class OpenAIEmbeddingRequest(BaseModel):
-    model_config = _STRICT
-    input: str | list[str]
-    model: str | None = None  # any name: one model is served, and answers report its own name
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
-    user: str | None = None  # OpenAI's end-user id for abuse monitoring: accepted, changes no answer
-    prompt_name: str | None = None  # not OpenAI's: TEI's field, for a model whose queries need a prompt
-
-
-class TEIEmbedRequest(BaseModel):
-    model_config = _STRICT
-    inputs: str | list[str]
-    normalize: bool = True
-    truncate: bool | None = None
-    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
-    prompt_name: str | None = None
-    dimensions: int | None = None
-
-
-class TEIRerankRequest(BaseModel):
-    model_config = _STRICT
-    query: str
-    texts: list[str]
-    raw_scores: bool = False
-    return_text: bool = False
-    truncate: bool | None = None
-    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
-
-
-def _json_content_type(value: str) -> bool:
-    """application/json or application/*+json, parameters (charset) ignored: the bodies FastAPI parses as JSON."""
-    kind = value.partition(";")[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
-    """The request's JSON body validated by ``model``, or a 422 naming each bad field ("input.str: Input should be ...").
-
-    What FastAPI did for a body parameter, in the same steps (json.loads, then pydantic on the dict, so the messages
-    are pydantic's Python-mode ones, as before) without its dependency solving. Bodies FastAPI would not read as
-    JSON (no Content-Type, or not application/json or */*+json) are refused as FastAPI refused them.
-    """
-    if not _json_content_type(request.headers.get("content-type", "")):
-        raise HTTPError(422, "malformed request body: send JSON with Content-Type: application/json", "invalid_request_error")
-    body = await request.body()
-    if len(body) > _OFF_LOOP_BYTES:
-        return await asyncio.get_running_loop().run_in_executor(None, _validate, body, model)
-    return _validate(body, model)
-
-
-def _validate(body: bytes, model: type[BaseModel]) -> BaseModel:
-    try:
-        # decoded as UTF-8 first: json.loads(bytes) guesses UTF-16 / UTF-32 and decodes with surrogatepass, so a
-        # UTF-32 body was answered and a surrogate's 3 bytes became a field name; JSON between systems is UTF-8
-        # (RFC 8259 8.1), as TEI's serde_json reads it
-        data = json.loads(body.decode("utf-8"))
-    except json.JSONDecodeError as e:
-        raise HTTPError(422, f"malformed request body: {e.pos}: JSON decode error ({e.msg})", "invalid_request_error") from None
-    except UnicodeDecodeError as e:
-        raise HTTPError(422, f"malformed request body: byte {e.start} is not UTF-8 ({e.reason})", "invalid_request_error") from None
-    if not isinstance(data, dict):
-        raise HTTPError(422, "malformed request body: body: send a JSON object", "invalid_request_error")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        fields = ", ".join(model.model_fields)
-        parts = [f"unknown field {'.'.join(str(x) for x in e['loc'])!r}: this route takes {fields}"
-                 if e["type"] == "extra_forbidden" else f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}"
-                 for e in exc.errors(include_url=False)]
-        raise HTTPError(422, "malformed request body: " + "; ".join(parts), "invalid_request_error") from None
-
-
-def _answers(endpoint):
-    """A route whose unexpected error is a 500 in the route's error shape, logged, on a connection that stays open
-    (an exception escaping the route reached uvicorn, which reset the connection without ``Connection: close``).
-    :class:`TooLarge` passes through to :class:`BodyLimit`, which answers it."""
-
-    @functools.wraps(endpoint)
-    async def wrapped(request: Request):
-        try:
-            return await endpoint(request)
-        except (HTTPError, TooLarge):
-            raise
-        except Exception as e:  # noqa: BLE001 - the server's bug or the model's: said, not hidden behind a reset
-            _log.exception("%s %s failed", request.method, request.url.path)
-            return error_response(request.url.path, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
-
-    return wrapped
-
-
-async def _dumps(obj, big: bool) -> str:
-    """json.dumps, off the event loop when the answer is big (8 x 384 floats took ~2 ms to write)."""
-    if big:
-        return await asyncio.get_running_loop().run_in_executor(None, json.dumps, obj)
-    return json.dumps(obj)
-
 
 def _normalizes(model) -> bool:
     """Whether the model's own head L2-normalises (a Normalize module anywhere in it): normalize=false cannot be
@@ -286,7 +179,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
             raise HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {max_inputs} per request; "
                                  "split the request", "invalid_request_error")
         submit = functools.partial(batcher.submit, items, truncate=truncate, prompt_name=prompt_name)
-        big = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items) > _OFF_LOOP_BYTES // 4
+        big = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items) > OFF_LOOP_BYTES // 4
         try:
             future = await asyncio.get_running_loop().run_in_executor(None, submit) if big else submit()
         except Overloaded as e:
@@ -300,7 +193,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         return await asyncio.wrap_future(future), future.tokens
 
     async def openai_embeddings(request: Request):
-        body = await _parse(request, OpenAIEmbeddingRequest)
+        body = await parse(request, OpenAIEmbeddingRequest)
         holds("embedding")
         check_dimensions(body.dimensions)
         check_prompt(body.prompt_name)
@@ -311,10 +204,10 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
                  "embedding": base64.b64encode(r.tobytes()).decode() if body.encoding_format == "base64" else r.tolist()}
                 for i, r in enumerate(rows)]
         out = {"object": "list", "data": data, "model": model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return Response(await _dumps(out, rows.size > 4096), media_type="application/json")
+        return Response(await dumps(out, rows.size > 4096), media_type="application/json")
 
     async def tei_embed(request: Request):
-        body = await _parse(request, TEIEmbedRequest)
+        body = await parse(request, TEIEmbedRequest)
         holds("embedding")
         check_dimensions(body.dimensions)
         check_prompt(body.prompt_name)
@@ -325,10 +218,10 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         emb, _ = await run(texts, truncation(body.truncation_direction, body.truncate), "inputs", prompt_name=body.prompt_name)
         # normalize=true: unit rows; rows the head left unit (no truncation after its Normalize) are kept as they are
         emb = shape(emb, body.dimensions, body.normalize and not (unit and body.dimensions is None))
-        return Response(await _dumps(emb.numpy().tolist(), emb.numel() > 4096), media_type="application/json")
+        return Response(await dumps(emb.numpy().tolist(), emb.numel() > 4096), media_type="application/json")
 
     async def tei_rerank(request: Request):
-        body = await _parse(request, TEIRerankRequest)
+        body = await parse(request, TEIRerankRequest)
         holds("reranker")
         truncate = truncation(body.truncation_direction, body.truncate)
         for name, text in [("query", body.query), *((f"texts[{i}]", t) for i, t in enumerate(body.texts))]:
@@ -347,7 +240,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     posts = {"/v1/embeddings": (openai_embeddings, OpenAIEmbeddingRequest), "/embed": (tei_embed, TEIEmbedRequest),
              "/rerank": (tei_rerank, TEIRerankRequest)}
     for path, (endpoint, _) in posts.items():
-        app.router.add_route(path, _answers(endpoint), methods=["POST"])
+        app.router.add_route(path, answers(endpoint), methods=["POST"])
 
     def openapi() -> dict:
         if app.openapi_schema is None:
