@@ -48,3 +48,22 @@ q4 = torch.randn(2, 2, 5, 8)
 def test_bad_inputs(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window": (3, 2)}])
+def test_the_sdpa_loop_runs_sdpas_flash_kernel_per_sequence(options):
+    """torch_sdpa_loop is the baseline varlen kernels are measured against: SDPA once per sequence, as a user would call
+    it. Given (H, L, D) views it ran SDPA's math path (scores materialised, 2.6x slower); a (1, H, L, D) batch of one
+    takes the flash kernel. Same answers as the reference either way."""
+    from btlib.kernels import get
+
+    lengths = [1, 97, 40]
+    cu = torch.tensor([0, 1, 98, 138], dtype=torch.int32)
+    q, k, v = (torch.randn(sum(lengths), 4, 32) for _ in range(3))
+    loop = get("torch_sdpa_loop")
+    with torch.profiler.profile() as prof:
+        out = loop.fn(q, k, v, cu, max(lengths), scale=None, **{"causal": False, **options})
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops and "aten::_scaled_dot_product_attention_math" not in ops
+    ref = get("reference_varlen").fn(q, k, v, cu, max(lengths), scale=None, **{"causal": False, **options})
+    assert btlib.kernels.relative_error(out, ref) < loop.tolerance(torch.float32)

@@ -26,9 +26,12 @@ policy where SDPA alone departs from it (a NaN query row, a NaN key under a band
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..nested import packed_to_nested, quiet_jagged
 from ..reference import allowed_mask, reference_attention, reference_varlen_attention
@@ -127,18 +130,25 @@ def torch_sdpa_loop(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None
     outs = []
     bounds = cu_seqlens.tolist()
     # one finiteness check of all keys, not one host sync per sequence (_sdpa checks each sequence only if it fails)
-    band = (causal or window is not None) and _maybe_nonfinite(k)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # (H, L, D)
-            L = end - start
-            dense = None if bias is None else bias.dense(L)  # (H, L, L): positions from the sequence's start
-            if window is None:
-                o = _sdpa(qs, ks, vs, None, causal, scale, band=band, bias=dense)
-            else:
-                mask = allowed_mask(1, L, L, causal=causal, window=window, device=q.device)[0]  # (1, L, L) band
-                o = _sdpa(qs, ks, vs, mask, causal, scale, band=band, bias=dense)
-            outs.append(o.transpose(0, 1))
+    bad_keys = _maybe_nonfinite(k)
+    band = (causal or window is not None) and bad_keys
+    # SDPA's CPU flash kernel reads a row whose every score is NaN (its only keys NaN) as fully masked and returns 0
+    # where the reference returns NaN; with a non-finite key anywhere the loop runs SDPA's math path, which propagates it
+    with sdpa_kernel(SDPBackend.MATH) if bad_keys and q.device.type == "cpu" else contextlib.nullcontext():
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            if end > start:
+                # (1, H, L, D): a batch of one. SDPA takes its flash kernel on the CPU for 4-D inputs only; given the
+                # (H, L, D) view it ran the math path (scores materialised), 2.6x slower on 8 lengths 20-1000, H 12,
+                # D 64, 2 threads (AMD EPYC Zen 4), which made every kernel compared with this loop look that much better
+                qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+                L = end - start
+                dense = None if bias is None else bias.dense(L)  # (H, L, L): positions from the sequence's start
+                if window is None:
+                    o = _sdpa(qs, ks, vs, None, causal, scale, band=band, bias=dense)
+                else:
+                    mask = allowed_mask(1, L, L, causal=causal, window=window, device=q.device)  # (1, 1, L, L) band
+                    o = _sdpa(qs, ks, vs, mask, causal, scale, band=band, bias=dense)
+                outs.append(o[0].transpose(0, 1))  # (L, H, D)
     # torch.cat, not writes into an empty buffer: autograd follows it, and no token is left unwritten.
     return torch.cat(outs) if outs else q.clone()
 
