@@ -49,6 +49,7 @@ from contextlib import asynccontextmanager
 from typing import Sequence
 
 from ..pretrained.encoding import check_text
+from ..pretrained.st_modules import NormalizeModule
 from .batcher import BatchEncoder, InputTooLong, Overloaded
 from .bodies import OFF_LOOP_BYTES, OpenAIEmbeddingRequest, TEIEmbedRequest, TEIRerankRequest, answers, dumps, parse
 from .guards import (LOOPBACK_HOSTS, PAYLOAD_LIMIT, APIKey, BodyLimit, HostCheck, HTTPError, allowed_host_names,
@@ -71,7 +72,7 @@ def _normalizes(model) -> bool:
     """Whether the model's own head L2-normalises (a Normalize module anywhere in it): normalize=false cannot be
     undone then. A model without a head (a bare encode) does not."""
     head = getattr(model, "head", None)
-    return any(type(m).__name__ == "NormalizeModule" for m in getattr(head, "modules", ()))
+    return any(isinstance(m, NormalizeModule) for m in getattr(head, "modules", ()))
 
 
 def _output_dim(model) -> int | None:
