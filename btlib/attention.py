@@ -8,8 +8,10 @@ i - left <= j <= i + right of its own sequence (ModernBERT's local layers: (64, 
 with causal and the padding. Kernels that support it skip the key tiles outside the band, so the
 cost is 4 H D sum_i L_i min(L_i, left + right + 1) flops instead of 4 H D sum_i L_i^2.
 
-``backend="auto"`` takes the highest-priority registered kernel that accepts the inputs
-(device, dtype, head_dim, causal, window, bias); a name forces one kernel and explains why it cannot run.
+``backend="auto"`` takes, among the registered kernels that accept the inputs (device, dtype, head_dim,
+causal, window, bias), the one measured fastest on this machine for the layout, dtype and length
+(CPU fp32 / bf16: btlib.kernels.choice times them once and caches the table; ``choice.explain`` says
+why), else the highest priority; a name forces one kernel and explains why it cannot run.
 
 ``bias=PositionBias.alibi(slopes)`` or ``PositionBias.table(values, max_distance)`` (btlib/position_bias.py)
 adds a per-head bias(j - i) to the scaled scores: ALiBi (JinaBERT) or T5 / MPNet relative-position buckets
@@ -61,7 +63,8 @@ def attention(
     check_padded_inputs(q, k, v, lengths)
     window = check_window(window)
     bias = check_position_bias(bias, q.shape[1], q.device)
-    kernel = registry.select("padded", q, causal, backend, needs_grad=_needs_grad(q, k, v, bias), window=window, bias=bias)
+    kernel = registry.select("padded", q, causal, backend, needs_grad=_needs_grad(q, k, v, bias), window=window, bias=bias,
+                             seqlen=q.shape[2])
     return kernel.fn(q, k, v, lengths=lengths, causal=causal, scale=scale, **registry.window_kwargs(kernel, window),
                      **registry.bias_kwargs(kernel, bias))
 
@@ -95,7 +98,8 @@ def varlen_attention(
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)
     window = check_window(window)
     bias = check_position_bias(bias, q.shape[1], q.device)
-    kernel = registry.select("varlen", q, causal, backend, needs_grad=_needs_grad(q, k, v, bias), window=window, bias=bias)
+    kernel = registry.select("varlen", q, causal, backend, needs_grad=_needs_grad(q, k, v, bias), window=window, bias=bias,
+                             seqlen=int(max_seqlen))
     return kernel.fn(q, k, v, cu_seqlens, int(max_seqlen), causal=causal, scale=scale,
                      **registry.window_kwargs(kernel, window), **registry.bias_kwargs(kernel, bias))
 

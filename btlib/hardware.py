@@ -60,7 +60,7 @@ from .gemm_measure import TOKENS
 from .hardware_cache import FIELDS, read_cache, write_cache
 
 __all__ = ["Hardware", "machine", "cpu_name", "cpu_flags", "bf16_native", "amx", "measure_rates", "cache_file", "isa", "runnable",
-           "ISAS", "use_gemm", "int8_gemm_gflops"]
+           "ISAS", "use_gemm", "int8_gemm_gflops", "cache_key"]
 
 _VERSION = 6  # bump when the measurement changes, so old cached rates are not reused (2: GEMM paths, encoder shapes; 3: gemm.cpp;
 #               4: an int8 pick, which btlib.quant follows; 5: int8 picks per weight shape; 6: the fp32 / bf16 bound is
@@ -237,13 +237,19 @@ def cache_file() -> Path | None:
 
 # Variables that restrict what torch's GEMM libraries may use (README: "what an AVX2-only laptop gets"): rates
 # measured under them are another machine's, so they are part of the cache key.
-_ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
+ISA_VARS = _ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
 
 
 def _key(threads: int) -> str:
     limits = ",".join(f"{v}={os.environ[v]}" for v in _ISA_VARS if os.environ.get(v))
     facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}|{limits}"
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
+
+
+def cache_key(threads: int | None = None) -> str:
+    """The key this machine's measurements are cached under (CPU model and flags, torch, threads, the variables
+    that restrict torch's ISA): btlib.kernels.choice keys its attention table by it too."""
+    return _key(torch.get_num_threads() if threads is None else threads)
 
 
 def _warn_once(path: Path, problem: str) -> None:

@@ -30,6 +30,14 @@ def fresh_warnings():
 
 
 @pytest.fixture(autouse=True)
+def _fixed_kernel_order(monkeypatch):
+    """Unit tests assert which kernel "auto" takes for given inputs (the fallbacks for grad, windows, biases, dtypes):
+    they run with the fixed priority order. tests/test_attention_choice.py turns measuring on where it tests it;
+    the notebooks (their own kernels, started outside any test function) measure, as a user's do."""
+    monkeypatch.setenv("BTLIB_ATTENTION_CHOICE", "priority")
+
+
+@pytest.fixture(autouse=True)
 def _no_saved_rows(monkeypatch):
     """Unit tests run benchmarks too; only the notebooks' rows belong in `make test`'s summary."""
     monkeypatch.delenv("BTLIB_RESULTS_DIR", raising=False)

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error", "window_kwargs",
-           "bias_kwargs"]
+           "bias_kwargs", "use_ranking"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -149,6 +149,7 @@ class Kernel:
 
 
 _REGISTRY: dict[str, Kernel] = {}
+_ranking: Callable[..., tuple[str, ...] | None] | None = None  # btlib.kernels.choice.ranking, handed over by use_ranking
 _loaded = False
 _load_lock = threading.RLock()  # re-entrant: a provider's import may itself ask the registry
 
@@ -204,14 +205,36 @@ def get(name: str) -> Kernel:
         raise KeyError(f"no kernel named {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
+def use_ranking(ranking: Callable[..., tuple[str, ...] | None] | None) -> None:
+    """What btlib.kernels.choice hands over when imported: ``ranking(layout, dtype, seqlen, device)`` -> the kernel
+    names "auto" tries first, fastest on this machine first, or None for the priority order. None: priority only."""
+    global _ranking
+    _ranking = ranking
+
+
+def _auto_order(layout: Layout, x: Tensor, seqlen: int | None) -> list[Kernel]:
+    """The kernels "auto" tries, in order: the measured ranking for this call (btlib.kernels.choice), then the
+    kernels it does not hold by priority; the priority order alone where nothing is measured."""
+    ks = kernels(layout)
+    ranked = _ranking(layout, x.dtype, seqlen, x.device) if _ranking is not None else None
+    if not ranked:
+        return ks
+    by_name = {k.name: k for k in ks}
+    return [by_name[n] for n in ranked if n in by_name] + [k for k in ks if k.name not in ranked]
+
+
 def needs_grad(*xs: Tensor) -> bool:
     """True when autograd will need a backward through a call on ``xs``: grad mode on, and one requires grad."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
 def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, needs_grad: bool | None = None,
-           window: tuple[int, int] | None = None, bias=None) -> Kernel:
+           window: tuple[int, int] | None = None, bias=None, seqlen: int | None = None) -> Kernel:
     """The kernel ``backend`` names, or for "auto" the best one that takes these inputs.
+
+    "auto" on CPU fp32 / bf16 tensors tries the kernels in the order measured on this machine for the call's
+    ``seqlen`` (padded: T, varlen: max_seqlen; None: the best over every measured length), then the rest by
+    priority (btlib.kernels.choice: ``choice.explain(...)`` says why a kernel was taken); elsewhere by priority.
 
     ``window``: the call's local window (left, right) or None; "auto" then considers only kernels
     registered with ``window=True``. ``bias``: the call's btlib.PositionBias or None; likewise ``bias=True``.
@@ -235,7 +258,7 @@ def select(layout: Layout, x: Tensor, causal: bool, backend: str = "auto", *, ne
             raise ValueError(f"kernel {backend!r} cannot run these inputs: {why}")
         return k
     reasons = []
-    for k in kernels(layout):
+    for k in _auto_order(layout, x, seqlen):
         why = k.supports(x, causal, needs_grad, window, bias)
         if why is None:
             return k
