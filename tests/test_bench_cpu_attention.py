@@ -28,3 +28,26 @@ def test_matmul_peak_restores_threads_and_is_positive():
     before = torch.get_num_threads()
     assert matmul_peak(n=64, threads=1, rounds=1) > 0
     assert torch.get_num_threads() == before
+
+
+def test_attention_auto_checks_out_quick_and_its_table_names_the_pick(monkeypatch):
+    """Every case's providers pass the check (bf16 within 2x SDPA's own error) or are skipped with a reason that
+    is about this machine or the layout, each row names auto's pick, and the summary holds one line per case."""
+    from btlib.bench.attention_auto import CASES, auto_table
+    from btlib.kernels import registry
+
+    bench = load_all()["attention_auto"]
+    rows = run(bench, quick=True, warmup=0, min_runs=1, max_runs=1, save=False)
+    assert [r["x"] for r in rows if r["provider"] == "sdpa"] == list(CASES)
+    bad = [(r["provider"], r["x"], r.get("reason", r.get("error"))) for r in rows
+           if r["status"] == "wrong" or (r["status"] == "skipped" and r["provider"] != "btlib_amx")]
+    assert not bad, bad
+    for r in rows:
+        if r["status"] == "ok":
+            layout = r["x"].split()[0]
+            assert r["auto_pick"] in {k.name for k in registry.kernels(layout)}
+            assert r["auto_pick"] == "cpu_flash_v3" if layout == "padded" else r["auto_pick"] in ("cpu_flash_varlen", "cpu_amx_varlen")
+    padded_amx = [r for r in rows if r["provider"] == "btlib_amx" and r["x"].startswith("padded")]
+    assert all("no padded AMX kernel" in r["reason"] or "amx" in r["reason"].lower() for r in padded_amx)
+    table = auto_table(rows).splitlines()
+    assert table[0].startswith("CPU ") and len(table) == 2 + len(CASES) + 1

@@ -25,8 +25,9 @@ then the unmeasured kernels in priority order: for a windowed or biased call the
 Trust: the measurement is ~2-10 s (plus the C++ build if it is cold) and runs once per machine, at the
 first "auto" call on CPU fp32 or bf16 tensors, under a lock. It is kept on disk beside the GEMM rates
 (btlib.hardware's cache directory, ``btlib_attention.json``), keyed like them (CPU model and flags, torch,
-threads, the variables that restrict torch's ISA) plus btlib's C++ build and the candidates' names, so a
-new kernel, another build (``BTLIB_CPU_ISA``) or ``BTLIB_ASSUME_NO_BF16`` measures again. As for the GEMM
+threads, the variables that restrict torch's ISA) plus btlib's C++ build, a digest of its sources and the
+candidates' names, so a new or changed kernel, another build (``BTLIB_CPU_ISA``) or ``BTLIB_ASSUME_NO_BF16``
+measures again. As for the GEMM
 rates, a measurement taken on a busy machine is not written: one that overran :data:`BUDGET_S`, or a cell
 whose noise (spread of a candidate's rounds over its median) stayed above :data:`NOISE_LIMIT` after a
 second try, is used in this process only. ``BTLIB_ATTENTION_CHOICE=priority`` turns measuring off
@@ -36,6 +37,7 @@ GPU tensors and other dtypes keep the priority order (nothing is measured on a G
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -174,10 +176,20 @@ def _candidates(layout: str, dtype: torch.dtype) -> list[registry.Kernel]:
     return [k for k in registry.kernels(layout) if k.priority >= 0 and k.supports(x.view(0, 0, 0, 0)) is None]
 
 
+@functools.cache
+def _sources() -> str:
+    """A digest of the C++ kernels' sources: a changed kernel is measured again (its old times are not its times)."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).parent / "cpu").glob("*.[ch]*")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _key() -> str:
     threads = torch.get_num_threads()
     names = ",".join(k.name for layout in CELLS for d in DTYPES.values() for k in _candidates(layout, d))
-    facts = f"{_VERSION}|{hardware.cache_key(threads)}|{hardware.isa()}|{hardware.bf16_native()[0]}|{hardware.amx()[0]}|{names}"
+    facts = (f"{_VERSION}|{hardware.cache_key(threads)}|{hardware.isa()}|{hardware.bf16_native()[0]}|{hardware.amx()[0]}"
+             f"|{names}|{_sources()}")
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
