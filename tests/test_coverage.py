@@ -51,3 +51,48 @@ gte         -                   -                -          packed skipped: no t
     assert row.endswith("| 2.72x faster (noise ±7%); FLOP prediction 2.95x; 12 x 768, FFN 3072 |")
     assert "family_speed --set \"x_vals=['gte']\"" in next(line for line in table.splitlines() if line.startswith("| gte |"))
     assert wr.family_speeds("no table here") == {}
+
+
+def test_a_family_is_a_row_load_pretrained_reads_config_once_and_looks_the_row_up(tmp_path, monkeypatch):
+    """Every model_type belongs to one row, and each row that load_pretrained serves carries its loader;
+    load_pretrained reads the Transformer's config.json once (it read it up to 5 times: once per family test, then
+    the loader) and calls the row's loader with what it read."""
+    import dataclasses
+    import sys
+
+    import btlib.pretrained as bp
+    from btlib.pretrained import coverage
+    from btlib.pretrained.folders.checkpoint import MODEL_TYPES
+    from btlib.pretrained.folders.rotary_bert_config import MODEL_TYPES as ROTARY
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from st_folders import write_hf
+
+    types = [t for f in FAMILIES for t in f.model_types]
+    assert len(types) == len(set(types)), "a model_type in two rows"
+    assert set(MODEL_TYPES) | set(ROTARY) | {"modernbert", "qwen3"} == set(types)
+    assert all(callable(f.load) for f in FAMILIES if f.model_types)
+    assert coverage.family_of("gpt2") is None and coverage.family_of(None) is None
+
+    reads = []
+    real = Path.read_text
+
+    def counted(self, *a, **k):
+        if self.name == "config.json" and self.parent.name != "1_Pooling":
+            reads.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    bp.load_pretrained()
+    assert len(reads) == 1
+    folder = write_hf(tmp_path / "distil", "distilbert")
+    reads.clear()
+    calls = []
+    row = coverage.family("distilbert")
+    traced = dataclasses.replace(row, load=lambda plan, **kw: (calls.append(kw["config"][0]["model_type"]), row.load(plan, **kw))[1])
+    monkeypatch.setattr(coverage, "FAMILIES", tuple(traced if f is row else f for f in FAMILIES))
+    model = bp.load_pretrained(folder)
+    assert calls == ["distilbert"] and type(model).__name__ == "PretrainedEncoder" and len(reads) == 1
+    (folder / "config.json").write_text('{"model_type": "gpt2"}')  # no row: the BERT loader refuses it by name
+    with pytest.raises(bp.CheckpointError, match="gpt2"):
+        bp.load_pretrained(folder)

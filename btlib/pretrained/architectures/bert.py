@@ -22,6 +22,7 @@ traces whole (fullgraph=True) with btlib's C++ attention kernel inside (tests/te
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -204,18 +205,19 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
 
 
 def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
-              cls: type[PretrainedEncoder] = PretrainedEncoder) -> PretrainedEncoder:
+              cls: type[PretrainedEncoder] = PretrainedEncoder, config: tuple[dict, Path] | None = None) -> PretrainedEncoder:
     """The BERT-family Transformer of a read folder (plan.transformer_dir) as a :class:`PretrainedEncoder`.
 
     expected_sha256: model.safetensors' hash, checked first. Config, every tensor's shape and the tokenizer are
     checked before the module is built (CheckpointError saying what to fix); the tensors the encoder does not use
     are kept aside, untouched, for btlib.to_hf_state_dict. cls: the class built (MPNet's loader passes
-    MPNetEncoder, this module's subclass that adds the relative-position bias).
+    MPNetEncoder, this module's subclass that adds the relative-position bias). config: config.json's (dict, path)
+    where the caller read it already (btlib.load_pretrained reads it once to find the family).
     """
     src = plan.transformer_dir
     if expected_sha256:
         verify_sha256(src / "model.safetensors", expected_sha256)
-    spec = read_spec(src)
+    spec = read_spec(src, config)
     sd = read_state_dict(src)
     emb_keys, layer_keys = check_against_spec(sd, spec)
     head = plan.head(spec.d_model)

@@ -24,12 +24,26 @@ import torch
 from ..folders.checkpoint import CheckpointError, read_state_dict, verify_sha256
 from ..folders.modernbert_config import check_modernbert_tensors, read_modernbert_spec
 from .modernbert_model import ModernBertEncoder
-from ..folders.st_folder import folder_tokenizer, sentence_head
+from ..folders.st_folder import FolderPlan, folder_tokenizer, sentence_head, special_ids
 
-__all__ = ["load_modernbert"]
+__all__ = ["load_modernbert", "load_modernbert_plan"]
 
 
-def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -> ModernBertEncoder:
+def load_modernbert_plan(plan: FolderPlan, *, expected_sha256: str | None = None,
+                         config: tuple[dict, Path] | None = None) -> ModernBertEncoder:
+    """The loader btlib.load_pretrained calls for model_type "modernbert": :func:`load_modernbert` on a read folder
+    (its Transformer at the root), with the folder's sentence-transformers prompts set."""
+    folder = Path(plan.root)
+    if plan.transformer_dir != folder:
+        raise CheckpointError(f"{folder}: btlib's ModernBERT loader reads a Transformer at the folder's root, not in "
+                              f"{plan.transformer_dir.name}/; use sentence-transformers for this model")
+    model = load_modernbert(folder, expected_sha256=expected_sha256, config=config)
+    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
+    return model
+
+
+def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None,
+                    config: tuple[dict, Path] | None = None) -> ModernBertEncoder:
     """Load a ModernBERT folder (config.json with model_type "modernbert", model.safetensors, tokenizer.json).
 
     expected_sha256: check model.safetensors' hash first. Raises CheckpointError, saying what to
@@ -41,7 +55,7 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None) -
         raise CheckpointError(f"{folder} is not a folder")
     if expected_sha256:
         verify_sha256(folder / "model.safetensors", expected_sha256)
-    spec = read_modernbert_spec(folder)
+    spec = read_modernbert_spec(folder, config)
     sd = read_state_dict(folder)
     prefix = check_modernbert_tensors(sd, spec)
     tokenizer, max_length = folder_tokenizer(folder, spec.max_positions)

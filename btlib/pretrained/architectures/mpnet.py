@@ -29,6 +29,8 @@ no nested path once a mask is given, so it would run dense under a nested name.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -77,6 +79,6 @@ class MPNetEncoder(PretrainedEncoder):
         return {"mask": mask.reshape(B * bias.shape[0], T, T)}  # (B, H, T, T) -> (B * H, T, T), batch-major
 
 
-def load_mpnet(plan, *, expected_sha256: str | None = None) -> MPNetEncoder:
+def load_mpnet(plan, *, expected_sha256: str | None = None, config: tuple[dict, Path] | None = None) -> MPNetEncoder:
     """An MPNet folder (model_type "mpnet"): the BERT family's loader building an :class:`MPNetEncoder`."""
-    return load_bert(plan, expected_sha256=expected_sha256, cls=MPNetEncoder)
+    return load_bert(plan, expected_sha256=expected_sha256, cls=MPNetEncoder, config=config)

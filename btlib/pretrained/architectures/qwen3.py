@@ -41,6 +41,7 @@ at load, by name.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -219,7 +220,7 @@ class Qwen3Encoder(SentenceEncoder, nn.Module):
         return file_state_dict(self)
 
 
-def load_qwen3(plan: FolderPlan, *, expected_sha256: str | None = None) -> Qwen3Encoder:
+def load_qwen3(plan: FolderPlan, *, expected_sha256: str | None = None, config: tuple[dict, Path] | None = None) -> Qwen3Encoder:
     """The Qwen3 Transformer of a read folder (plan.transformer_dir) as a :class:`Qwen3Encoder`.
 
     Config (btlib.pretrained.folders.qwen3_config's table), every tensor's presence and shape, and the tokenizer are
@@ -227,4 +228,4 @@ def load_qwen3(plan: FolderPlan, *, expected_sha256: str | None = None) -> Qwen3
     """
     return load_folder(plan, expected_sha256, spec_from_config, tensor_plan,
                        lambda spec, tokenizer, max_length, src: Qwen3Encoder(spec, tokenizer, max_length,
-                                                                             plan.head(spec.d_model)))
+                                                                             plan.head(spec.d_model)), config)

@@ -228,7 +228,8 @@ def file_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return {k: out[k].to(info["dtypes"][k]).contiguous() for k in info["order"]}
 
 
-def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) -> RotaryBertEncoder:
+def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
+                     config: tuple[dict, Path] | None = None) -> RotaryBertEncoder:
     """The NomicBERT / GTE Transformer of a read folder (plan.transformer_dir) as a :class:`RotaryBertEncoder`.
 
     Config (btlib.pretrained.folders.rotary_bert_config's tables), every tensor's presence and shape, and the tokenizer are
@@ -239,17 +240,19 @@ def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None) ->
         return RotaryBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model),
                                  token_types=passes_token_types(src, "bert" if spec.family == "nomic_bert" else "gte"))
 
-    return load_folder(plan, expected_sha256, spec_from_config, tensor_plan, build)
+    return load_folder(plan, expected_sha256, spec_from_config, tensor_plan, build, config)
 
 
-def load_folder(plan: FolderPlan, expected_sha256: str | None, spec_from_config, tensor_plan, build):
+def load_folder(plan: FolderPlan, expected_sha256: str | None, spec_from_config, tensor_plan, build,
+                config: tuple[dict, Path] | None = None):
     """The loading steps every rotary family shares (NomicBERT / GTE here, Qwen3): the file's sha256 where given, the
     config read into a spec, every tensor checked against it (``tensor_plan``), the tokenizer, then the module
-    ``build(spec, tokenizer, max_length, src)`` makes, with the folder's prompts and the file's weights set."""
+    ``build(spec, tokenizer, max_length, src)`` makes, with the folder's prompts and the file's weights set.
+    config: config.json's (dict, path) where the caller read it already (btlib.load_pretrained)."""
     src = Path(plan.transformer_dir)
     if expected_sha256:
         verify_sha256(src / "model.safetensors", expected_sha256)
-    c, where = read_config(src)
+    c, where = read_config(src) if config is None else config
     spec = spec_from_config(c, str(where))
     sd = read_state_dict(src)
     pieces = tensor_plan(sd, spec)

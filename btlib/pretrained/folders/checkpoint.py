@@ -165,10 +165,11 @@ def _jina_bert(c: dict) -> str | None:
     return None
 
 
-def read_spec(folder: Path) -> CheckpointSpec:
+def read_spec(folder: Path, config: tuple[dict, Path] | None = None) -> CheckpointSpec:
     """Read config.json; raise CheckpointError naming the file and what to fix for an unreadable, incomplete or
-    unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring)."""
-    c, cfg_path = read_config(folder)
+    unsupported one (a field whose value btlib cannot reproduce is refused by name: see the module docstring).
+    config: :func:`read_config`'s (dict, path), when the caller has read the file already (load_pretrained)."""
+    c, cfg_path = read_config(folder) if config is None else config
     kind = c.get("model_type")
     if (jina := _jina_bert(c)) is not None:
         raise CheckpointError(

@@ -233,9 +233,10 @@ def spec_from_config(c: dict, where: str = "config.json") -> ModernBertSpec:
                           thetas["full_attention"], thetas["sliding_attention"])
 
 
-def read_modernbert_spec(folder: Path) -> ModernBertSpec:
-    """config.json of ``folder`` -> ModernBertSpec (CheckpointError naming the file and field otherwise)."""
-    c, path = read_config(folder)
+def read_modernbert_spec(folder: Path, config: tuple[dict, Path] | None = None) -> ModernBertSpec:
+    """config.json of ``folder`` -> ModernBertSpec (CheckpointError naming the file and field otherwise); config:
+    read_config's (dict, path) where the caller read the file already."""
+    c, path = read_config(folder) if config is None else config
     return spec_from_config(c, str(path))
 
 
