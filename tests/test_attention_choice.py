@@ -11,6 +11,7 @@ import torch
 
 import btlib
 from btlib.kernels import choice, registry
+from btlib.kernels import choice_measure as cm
 
 
 @pytest.fixture
@@ -18,10 +19,10 @@ def measured(monkeypatch, tmp_path):
     """Measuring on, its cache in a fresh directory, tiny cells, nothing remembered from other tests."""
     monkeypatch.setenv(choice.MODE_VAR, "measure")
     monkeypatch.setattr(choice, "cache_file", lambda: tmp_path / "btlib_attention.json")  # the C++ build cache stays
-    monkeypatch.setattr(choice, "CELLS", {"padded": (16, 64), "varlen": (16, 64)})
-    monkeypatch.setattr(choice, "H", 2)
-    monkeypatch.setattr(choice, "D", 16)
-    monkeypatch.setattr(choice, "TOKENS", 64)
+    monkeypatch.setattr(cm, "CELLS", {"padded": (16, 64), "varlen": (16, 64)})
+    monkeypatch.setattr(cm, "H", 2)
+    monkeypatch.setattr(cm, "D", 16)
+    monkeypatch.setattr(cm, "TOKENS", 64)
     choice.forget()
     yield tmp_path
     choice.forget()
@@ -39,7 +40,7 @@ def scripted(ms: dict, noise: float = 0.0, calls: list | None = None):
 
 
 def all_pass(monkeypatch):
-    monkeypatch.setattr(choice, "_checked", lambda kernels, dtype: (list(kernels), {}))
+    monkeypatch.setattr(cm, "_checked", lambda kernels, dtype: (list(kernels), {}))
 
 
 def test_auto_follows_the_measurement_not_the_priority(measured, monkeypatch):
@@ -80,7 +81,7 @@ def test_the_cell_is_chosen_by_length_and_no_length_takes_the_best_over_all(meas
         return t
 
     calls = []
-    orig = choice._measure_cell
+    orig = cm._measure_cell
 
     def cell(layout, dname, T, kernels, skip, timer_):
         times.update({"torch_sdpa": 1.0, "cpu_flash_v3": 2.0} if T == 16 else {"torch_sdpa": 3.0, "cpu_flash_v3": 1.0})
@@ -88,10 +89,10 @@ def test_the_cell_is_chosen_by_length_and_no_length_takes_the_best_over_all(meas
         calls.append((layout, T))
         return orig(layout, dname, T, kernels, skip, timer_)
 
-    monkeypatch.setattr(choice, "_measure_cell", cell)
+    monkeypatch.setattr(cm, "_measure_cell", cell)
     choice.table(timer=timer)
-    assert choice.cell_for("padded", 1) == 16 and choice.cell_for("padded", 32) == 16 and choice.cell_for("padded", 33) == 64
-    assert choice.cell_for("padded", 10_000) == 64 and choice.cell_for("padded", None) is None
+    assert cm.cell_for("padded", 1) == 16 and cm.cell_for("padded", 32) == 16 and cm.cell_for("padded", 33) == 64
+    assert cm.cell_for("padded", 10_000) == 64 and cm.cell_for("padded", None) is None
     q = torch.randn(1, 2, 16, 16)
     assert registry.select("padded", q, False, seqlen=16).name == "torch_sdpa"
     assert registry.select("padded", q, False, seqlen=200).name == "cpu_flash_v3"
@@ -126,7 +127,7 @@ def test_the_table_is_cached_on_disk_and_a_busy_measurement_is_not(measured, mon
     noisy = choice.table(timer=scripted(fast, noise=0.9, calls=rounds))
     assert not noisy.kept and "busy machine" in noisy.source and "noise ±90%" in noisy.source
     assert not f.exists()
-    assert (["cpu_flash_v3", "torch_sdpa"], 2 * choice.ROUNDS) in rounds  # it tried again with twice the rounds
+    assert (["cpu_flash_v3", "torch_sdpa"], 2 * cm.ROUNDS) in rounds  # it tried again with twice the rounds
     # refresh measures again even with a good table in hand
     assert choice.table(refresh=True, timer=scripted(fast)).kept and f.exists()
 
@@ -135,7 +136,7 @@ def test_a_kernel_that_fails_its_check_is_never_timed_nor_taken(measured, monkey
     def checked(kernels, dtype):
         return [k for k in kernels if k.name != "cpu_flash_v3"], {"cpu_flash_v3": "failed its check: error 1e-2 > 1e-5"}
 
-    monkeypatch.setattr(choice, "_checked", checked)
+    monkeypatch.setattr(cm, "_checked", checked)
     t = choice.table(timer=scripted({"torch_sdpa": 5.0, "cpu_flash_v3": 1.0}))
     cell = t.cells[("padded", "fp32", 16)]
     assert cell.order == ("torch_sdpa",) and cell.skipped == {"cpu_flash_v3": "failed its check: error 1e-2 > 1e-5"}
