@@ -127,8 +127,9 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
   // K^T and V tiles are packed when a block of this thread first reaches them, into buffers sized
   // for the whole sequence (one tile index for every block; a thread's chunk of tasks is mostly
   // consecutive blocks of one (b, h), which reuse them). With a window a thread then packs only
-  // the tiles its blocks' bands reach: packing a tile (a transpose, 2 Bc D scalar copies) costs
-  // about as much as one (block, tile) product, and at (64, 64) a block computes only 3 of them.
+  // the tiles its blocks' bands reach: packing a tile (a transpose, 2 Bc D copies; 16 x 16 in-register
+  // transposes on AVX-512, scalar elsewhere) is a fair part of one (block, tile) product, and at (64, 64)
+  // a block computes only 3 of them.
   if (ws.packed != b * p.H + h) {
     Path::reserve_kv(p, b, Dp, ws);
     ws.tile_ready.assign(round_up(p.len_k(b), Bc) / Bc, 0);

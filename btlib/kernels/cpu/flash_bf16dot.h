@@ -75,12 +75,26 @@ struct Bf16DotPath : RowTiles<Bf16DotPath> {
     uint16_t* kt = ws.kt2.data() + j0 * Dh * 2;
     uint16_t* vp = ws.vp2.data() + j0 * Dp;  // Bc is even: a tile starts a pair
     if (nk < Bc || D % 2) std::fill_n(kt, Dh * Bc * 2, uint16_t(0));
-    if (nk < Bc || Dp > D) std::fill_n(vp, Bc * Dp, uint16_t(0));
-    for (int64_t j = 0; j < nk; ++j) {
-      const bf16* kj = p.at(k, p.ks, b, h, j0 + j);
-      const bf16* vj = p.at(v, p.vs, b, h, j0 + j);
-      for (int64_t d = 0; d < D; ++d) kt[((d / 2) * Bc + j) * 2 + d % 2] = kj[d].x;
-      for (int64_t d = 0; d < D; ++d) vp[(j / 2) * Dp * 2 + d * 2 + j % 2] = vj[d].x;
+    if (D % 2 == 0 && p.ks[2] % 2 == 0) {  // K rows as D / 2 pairs: K^T is their 32-bit transpose
+      transpose_tile_u32(reinterpret_cast<const uint32_t*>(p.at(k, p.ks, b, h, j0)), p.ks[2] / 2, nk, Dh,
+                         reinterpret_cast<uint32_t*>(kt));
+    } else {  // an odd D's last pair is (K, 0)
+      for (int64_t j = 0; j < nk; ++j) {
+        const bf16* kj = p.at(k, p.ks, b, h, j0 + j);
+        for (int64_t d = 0; d < D; ++d) kt[((d / 2) * Bc + j) * 2 + d % 2] = kj[d].x;
+      }
+    }
+    // V rows j, j + 1 interleaved: 16 values of each widened to 32 bits, the second shifted up; zero
+    // past D (masked loads) up to Dp, and the pairs of keys past nk (a missing odd row reads as 0)
+    for (int64_t j = 0; j < Bc; j += 2) {
+      const bf16* v0 = j < nk ? p.at(v, p.vs, b, h, j0 + j) : nullptr;
+      const bf16* v1 = j + 1 < nk ? p.at(v, p.vs, b, h, j0 + j + 1) : nullptr;
+      for (int64_t d = 0; d < Dp; d += 16) {
+        const __mmask16 m = first_lanes(int(D - d));
+        const __m512i a = v0 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, v0 + d)) : _mm512_setzero_si512();
+        const __m512i c = v1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, v1 + d)) : _mm512_setzero_si512();
+        _mm512_storeu_si512(vp + (j / 2) * Dp * 2 + d * 2, _mm512_or_si512(a, _mm512_slli_epi32(c, 16)));
+      }
     }
   }
   static void pack_q(const Problem& p, const bf16* q, int64_t b, int64_t h, int64_t q0, int64_t nq, Workspace& ws) {
