@@ -24,14 +24,15 @@ int8 paths (btlib.quant's Int8Linear runs them; :func:`choose_int8` picks one pe
                  it returns the exact int32 sums as floats, so btlib.quant applies its per-token scales after
                  either path alike, and the two paths give the same bits.
 
-Which path is fastest is a fact about the CPU and the token count M, not about the library: on
-an AMD Zen 5 oneDNN pre-packed ran MiniLM's GEMMs at 2048 tokens 2.3x faster than F.linear (MKL);
-on a Zen 3 oneDNN won at 12 tokens (~100 vs ~55 GFLOP/s) and MKL at 1024+. So
-:mod:`btlib.gemm_measure` times every path here at the encoder's shapes, and :func:`linear`
+Which path is fastest is a fact about the CPU and the token count M, not about the library: oneDNN's
+pre-packed weights beat MKL's F.linear by a wide margin on some AMD CPUs and lose to it at large M on others,
+and btlib's own GEMM wins only at a few rows. So :mod:`btlib.gemm_measure` times every path here at the
+encoder's shapes (``btlib.hardware.machine().gemm`` holds this machine's rates), and :func:`linear`
 takes the fastest for the precision and M (:func:`plan`). ``BTLIB_GEMM=torch`` or ``onednn``
 forces a path (for comparisons), ``with forcing(path):`` does so for a block, ``path=`` for one call.
 
-Every private torch op btlib uses for GEMMs is called from this module, through btlib._torch_private. A path
+The paths themselves, and the cache of packed weights, are in :mod:`btlib.gemm_paths`; every private torch op
+they use is called through btlib._torch_private. A path
 whose op is missing, refuses the input (oneDNN bf16 needs AVX-512 or AVX-NE-CONVERT) or raises
 falls back to F.linear, and stays off for that dtype in this process. Autograd and non-CPU
 tensors always take F.linear (the oneDNN ops have no derivative here).
@@ -51,16 +52,15 @@ import functools
 import math
 import os
 import sys
-import threading
-import weakref
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.compiler import is_compiling as _is_compiling  # dynamo reads it as True while tracing
 
 from . import _torch_private as tp, gemm_measure, hardware
+from .gemm_paths import (_btlib, _gemm_cpp, _onednn, _packs, _torch, int8_matmul, onednn_int8_linear,  # noqa: F401
+                         onednn_int8_pack, pack)
 
 __all__ = ["PATHS", "INT8_PATHS", "ACTIVATIONS", "linear", "module_linear", "plan", "choose", "choose_int8", "planned",
            "forcing", "forced_path",
@@ -71,11 +71,9 @@ INT8_PATHS = ("int_mm", "onednn_int8")
 ACTIVATIONS = ("none", "gelu", "relu")
 _FLOAT = (torch.float32, torch.bfloat16)
 
-_packs: dict[tuple[str, int], tuple[weakref.ref, int, Tensor]] = {}  # (path, id(W)) -> (W alive?, W's version, packed W)
 _broken: dict[tuple[str, torch.dtype], str] = {}  # (path, dtype) -> why it fell back (off for this process)
 _ready: set[tuple[str, torch.dtype]] = set()  # (path, dtype) that path_available said yes to; emptied when a path breaks
 _plans: dict[tuple, tuple[tuple[int | None, str], ...]] = {}  # (threads, dtype, BTLIB_GEMM) -> ((M_max, path), ...)
-_lock = threading.Lock()
 _forcing: contextvars.ContextVar[str | None] = contextvars.ContextVar("btlib_gemm_forcing", default=None)
 _planned: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("btlib_gemm_planned", default=None)  # (dtype, M, path)
 
@@ -156,38 +154,6 @@ def _has_onednn() -> bool:  # asked at every linear: the answer is fixed for the
     return torch.backends.mkldnn.is_available() and not (tp.missing("linear_pointwise") or tp.missing("reorder_linear_weight"))
 
 
-def _version(w: Tensor) -> int:
-    # an inference tensor (e.g. a bf16 copy made under inference_mode) has no version counter and cannot change
-    # in place outside inference mode; asking it raises, and the raise cost ~17 us on every call
-    return -1 if w.is_inference() else w._version
-
-
-def pack(weight: Tensor, path: str = "onednn") -> Tensor:
-    """W (N, K) -> the copy ``path`` multiplies by, made once and reused while W is alive and unchanged:
-    oneDNN's blocked layout (fp32 or bf16) for "onednn", gemm.cpp's column panels (fp32) for "btlib",
-    oneDNN's int8 layout for "onednn_int8" (W given as int8 (K, N), as btlib.quant keeps it for _int_mm).
-
-    Keyed by the path, the tensor object and its version counter: an in-place update (load_state_dict,
-    copy_) makes a new pack. Memory: one extra copy of every weight per path that runs it.
-    """
-    key = (path, id(weight))
-    hit = _packs.get(key)
-    if hit is not None and hit[0]() is weight and hit[1] == _version(weight):
-        return hit[2]
-    with torch.no_grad():
-        if path == "btlib":
-            packed = _gemm_cpp().pack(weight.detach().contiguous())
-        elif path == "onednn_int8":  # weight: int8 (K, N), _int_mm's layout; packed for 1024-row blocks
-            packed = onednn_int8_pack(weight.detach().t().contiguous(), (1024, weight.shape[0]))
-        else:
-            packed = tp.reorder_linear_weight(weight.detach())
-    with _lock:
-        if hit is None or hit[0]() is not weight:
-            weakref.finalize(weight, _packs.pop, key, None)  # drop the pack with the weight
-        _packs[key] = (weakref.ref(weight), _version(weight), packed)
-    return packed
-
-
 def plan(dtype: torch.dtype) -> tuple[tuple[int | None, str], ...]:
     """((M_max, path), ...) for ``dtype``: the path for M <= M_max, the last entry (M_max None) for the rest.
 
@@ -220,10 +186,10 @@ def choose_int8(M: int, K: int | None = None, N: int | None = None) -> str:
     """The int8 path (:data:`INT8_PATHS`) for an (M, K) x (K, N) GEMM: BTLIB_GEMM_INT8 where set (int_mm, onednn_int8
     or auto), else the faster one measured here for the nearest measured weight shape (:func:`btlib.hardware.machine`'s
     "int8 KxN" picks; without K, N or those picks, the pick over all shapes), switching where fp32's do; int_mm where
-    oneDNN's int8 ops are missing or broke in this process. Per shape because oneDNN's int8 call costs ~25 us more
-    than _int_mm's (measured on an Intel Xeon, 2 threads): it lost MiniLM's GEMMs at 12-128 tokens and won them
-    at 1024, and won BERT-base's (768 -> 3072) from 12 tokens on; a shape switches to oneDNN only where it
-    measured btlib.gemm_measure.INT8_MARGIN times _int_mm's rate."""
+    oneDNN's int8 ops are missing or broke in this process. Per shape because oneDNN's int8 call has a larger
+    fixed cost than _int_mm's, so which wins depends on M and on the weight's size (``btlib.hardware.machine().gemm``
+    holds this machine's int8 rates per path and M); a shape switches to oneDNN only where it measured
+    btlib.gemm_measure.INT8_MARGIN times _int_mm's rate."""
     value = os.environ.get("BTLIB_GEMM_INT8", "").strip().lower()
     if value not in ("", "auto", *INT8_PATHS):
         raise ValueError(f"BTLIB_GEMM_INT8 must be one of {INT8_PATHS} or auto; got {value!r}")
@@ -308,77 +274,6 @@ def module_linear(module: torch.nn.Linear, x: Tensor, residual: Tensor | None = 
         y = module(x)
         return y if residual is None else y + residual
     return linear(x, module.weight, module.bias, residual=residual)
-
-
-def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:
-    w = pack(weight)
-    if residual is not None and activation == "none":
-        return tp.linear_pointwise_binary(x, residual.to(x.dtype), w, bias, "add")
-    y = tp.linear_pointwise(x, w, bias, activation, [], "none" if activation == "gelu" else "")
-    return y if residual is None else y + residual
-
-
-def _gemm_cpp():
-    if not _gemm_mod:
-        from .kernels.cpu import build
-
-        _gemm_mod.append(build.gemm_module())
-    return _gemm_mod[0]
-
-
-_gemm_mod: list = []  # gemm.cpp's module once loaded (asked at every "btlib"-path linear)
-
-
-def _btlib(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None) -> Tensor:
-    N, K = weight.shape
-    if x.shape[-1] != K or (bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype)):
-        return _torch(x, weight, bias, activation, residual, False)  # F.linear's own error, or its type promotion
-    flat = x.dim() == 2  # the encoders' (tokens, d): no reshapes (each costs ~0.5 us; one query makes 24 calls)
-    x2 = x if flat and x.is_contiguous() else x.reshape(-1, K).contiguous()
-    fused = residual is not None and residual.dtype == x.dtype and residual.shape == (*x.shape[:-1], N)
-    r = (residual if flat and residual.is_contiguous() else residual.reshape(-1, N).contiguous()) if fused else _EMPTY
-    y = _gemm_cpp().linear(x2, pack(weight, "btlib"), N, _EMPTY if bias is None else bias.contiguous(), _ACT[activation], r)
-    if not flat:
-        y = y.view(*x.shape[:-1], N)
-    return y + residual if residual is not None and not fused else y
-
-
-_ACT = {"none": 0, "gelu": 1, "relu": 2}  # gemm.cpp's act codes
-_EMPTY = torch.empty(0)
-
-
-def _torch(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, residual: Tensor | None, grad: bool) -> Tensor:
-    if residual is not None and activation == "none" and x.dim() == 2:
-        y = torch.addmm(residual, x, weight.t())  # the residual as addmm's C (beta = 1): one pass fewer
-        return y if bias is None else y + bias
-    if activation != "none" and bias is not None and x.dim() == 2 and not grad and (
-            activation == "relu" or x.device.type == "cpu"):
-        # bias + activation in the GEMM's epilogue: one pass over the (M, N) activations, not three. CPU only
-        # for GELU (on CUDA the epilogue's GELU is the tanh approximation); no derivative, so not under autograd
-        y = tp.addmm_activation(bias, x, weight.t(), use_gelu=activation == "gelu")
-    else:
-        y = F.linear(x, weight, bias)
-        y = F.gelu(y) if activation == "gelu" else F.relu(y) if activation == "relu" else y
-    return y if residual is None else y + residual
-
-
-def int8_matmul(x: Tensor, w_t: Tensor) -> Tensor:
-    """torch._int_mm: x (M, K) int8 @ w_t (K, N) int8 -> (M, N) int32 (exact integer sums)."""
-    return tp.int_mm(x, w_t)
-
-
-def onednn_int8_pack(w: Tensor, x_shape: tuple[int, int]) -> Tensor:
-    """w (N, K) int8 per-channel-quantized -> oneDNN's packed int8 weight for inputs of shape x_shape."""
-    return tp.qlinear_prepack(w, list(x_shape))
-
-
-def onednn_int8_linear(qx: Tensor, x_scale: float, x_zero_point: int, packed_w: Tensor, w_scale: Tensor,
-                       bias: Tensor | None) -> Tensor:
-    """oneDNN int8 linear: qx (M, K) uint8 (x = (qx - zp) * scale), packed_w from :func:`onednn_int8_pack`,
-    w_scale (N,) float32 -> (M, N) float32, bias (N,) float32 added."""
-    zeros = torch.zeros(w_scale.shape, dtype=torch.int64)
-    return tp.qlinear_pointwise(qx, x_scale, x_zero_point, packed_w, w_scale, zeros, bias, 1.0, 0,
-                                              torch.float32, "none", [], "")
 
 
 # btlib.hardware measures this module's paths and caches the picks that plan() reads; it sits below this

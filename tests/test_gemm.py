@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import btlib
-from btlib import gemm
+from btlib import gemm, gemm_paths
 
 ONEDNN = gemm.path_available("onednn") is None
 BTLIB_WHY = gemm.path_available("btlib")  # None where gemm.cpp builds (a C++ compiler)
@@ -147,7 +147,7 @@ def test_packed_weights_are_reused_and_follow_in_place_updates():
         assert _rel(gemm.linear(x, lin.weight, lin.bias, path="onednn"), F.linear(x, lin.weight, lin.bias)) < 1e-5
     key = id(lin.weight)
     del lin
-    assert key not in gemm._packs  # dropped with its weight
+    assert key not in gemm_paths._packs  # dropped with its weight
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -306,7 +306,7 @@ def test_btlib_packs_follow_in_place_updates_and_die_with_the_weight():
         assert _rel(gemm.linear(x, lin.weight, lin.bias, path="btlib"), F.linear(x, lin.weight, lin.bias)) < 1e-5
     key = ("btlib", id(lin.weight))
     del lin
-    assert key not in gemm._packs
+    assert key not in gemm_paths._packs
 
 
 @needs_gemm_cpp
