@@ -22,20 +22,17 @@ fp32's (NaN, +-inf, and relu(-inf) = 0 where fp32 has them). Autograd: rounding 
 gradient and the int8 weights are buffers, so a call that autograd would record (grad mode on, an
 input or parameter requiring grad) raises; run under torch.inference_mode() / torch.no_grad().
 
-Why torch._int_mm: measured on torch 2.13 CPU (AMD EPYC with AVX-512 VNNI, 2 threads, best of 20), in
-GFLOP/s (GOP/s for int8) of a whole (4096, 384) x (384, 1152) linear: fp32 F.linear 198; fbgemm's
-quantized.linear_dynamic 1280 and oneDNN's 1506 (one activation scale per *tensor*, so an embedding
-depends on its batch-mates; built on the deprecated quantized-tensor API); torch._int_mm alone 1869,
-and this module's Int8Linear around it (per-token scales, fused passes of kernels/cpu/int8.cpp) 1076,
-or 938 with plain torch ops; torchao 0.18's Int8DynamicActivationInt8Weight in eager mode 236 (it
-wants torch.compile). :func:`int8_gemm_gflops` measures this machine; :func:`int8_slow_reason` says
-where int8 does not pay.
+Why torch._int_mm: it multiplies int8 by int8 into exact int32 sums on plain tensors, so the per-token scales
+stay this module's; PyTorch's dynamic quantized linears (fbgemm, oneDNN) take one activation scale per *tensor*
+(an embedding then depends on its batch-mates) through the deprecated quantized-tensor API, and torchao's
+dynamic int8 wants torch.compile. :func:`int8_gemm_gflops` measures this machine's int8 rate beside fp32's
+(``python -m btlib.bench run pretrained_encode`` compares the encoders end to end); :func:`int8_slow_reason`
+says where int8 does not pay.
 
-The GEMM itself takes the faster of two paths measured on this machine (btlib.gemm.choose_int8): torch._int_mm
+The GEMM takes the faster of two paths measured on this machine (btlib.gemm.choose_int8): torch._int_mm
 (int32 out) or oneDNN's int8 linear with pre-packed weights (uint8 activations with zero point 128, unit scales: the
-same sums as floats). Both feed the same dequantize pass, so they give the same bits. Measured on an Intel Xeon with
-AMX (2 threads), 1024 rows: K=384 -> N=1536 oneDNN ~2400 GOP/s vs _int_mm ~1400; K=1536 -> N=384 ~3000 vs ~2800;
-at 100-500 rows the two are within ~20% either way.
+same sums as floats). Both feed the same dequantize pass, so they give the same bits; which is faster depends on
+the CPU, the rows and the weight's shape (``btlib.hardware.machine().gemm["int8"]``).
 
 torch.compile: not traceable in one graph (fullgraph=True raises). quantize_rows and dequantize
 (kernels/cpu/int8.cpp) are pybind functions, not torch ops, so dynamo cannot see into them, and the int8
@@ -46,18 +43,19 @@ PackedEncoder trace (btlib/kernels/cpu/fake.py).
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _torch_private as tp, gemm
+from . import _torch_private as tp
 from .attention import varlen_attention
-from .hardware import int8_gemm_gflops  # measured there, with the other rates; named here as before
+from .hardware import int8_gemm_gflops  # noqa: F401 (measured there, with the other rates; named here as before)
 from .kernels import registry
 from .kernels.registry import Kernel
 from .packed_encoder import PackedEncoder
+from . import quant_linear
+from .quant_linear import _ACT, _EMPTY, _NO_GRAD, ROWS, Int8Linear, _OneDnnOff, kernels, quantize_rows  # noqa: F401 (btlib.quant's names)
 from .padding import check_int
 from .position_bias import PositionBias
 from .precision import int8_slow_reason, warn_if_slow_int8  # the precision policy's; named here as before
@@ -66,178 +64,6 @@ __all__ = ["Int8Linear", "Int8PackedEncoder", "quantize", "quantize_rows", "kern
            "warn_if_slow_int8", "LINEARS"]
 
 LINEARS = ("qkv", "out_proj", "linear1", "linear2")  # the four GEMMs of a layer, in order
-ROWS = 1024  # tokens per _int_mm call: its rate fell from ~1800 to ~540 GOP/s past 6144 rows (K=384, N=1536, 2 threads)
-_warned: set[str] = set()
-
-
-@functools.lru_cache(maxsize=1)
-def kernels():
-    """The fused quantize / dequantize passes of int8.cpp (compiled once, into $TORCH_EXTENSIONS_DIR), or None.
-
-    None where no C++ compiler is found, or where the build failed (one warning with the compiler's first
-    errors, then never compiled again in this process): Int8Linear then runs the same arithmetic as torch
-    ops (slower). The build is btlib.kernels.cpu.build.int8_module: the attention kernels' cache, ISA flags
-    and announcement. Cached here because Int8Linear.forward asks on every call.
-    """
-    from .kernels.cpu import build
-
-    why = build.int8_available()
-    if why is None:
-        try:
-            return build.int8_module()
-        except RuntimeError:
-            why = build.int8_available()  # the remembered failure: the compiler's first errors
-    if not why.startswith("no C++ compiler") and "int8 build" not in _warned:  # no compiler: the documented fallback
-        _warned.add("int8 build")
-        warnings.warn(f"btlib: {why}\nbtlib.quant.Int8Linear runs the same arithmetic as torch ops from now on in this "
-                      "process (slower); fix the compiler (or CXX) and restart to use int8.cpp.", RuntimeWarning, stacklevel=2)
-    return None
-
-
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: x (M, K) float -> (q (M, K) int8, s (M, 1) float32) with x ~ q * s.
-
-    A row holding NaN or inf gets a non-finite s (NaN or inf) and q = 0 there (casting NaN to int8 is undefined).
-    """
-    s = x.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127.0)  # (M, 1); amax and clamp keep NaN
-    return torch.div(x, s).round_().nan_to_num_(0.0, 0.0, 0.0).to(torch.int8), s
-
-
-_NO_GRAD = ("int8 has no backward (rounding to int8 has no useful gradient, and the int8 weights are buffers): "
-            "call it under torch.inference_mode() or torch.no_grad(), or compute gradients with the fp32 model")
-
-
-class Int8Linear(nn.Module):
-    """y = act(x W^T + b) with int8 W (per output channel) and x quantised per token on every call.
-
-    weight: (N, K) float, bias: (N,) or None; smooth: (K,) SmoothQuant scales a (None: no smoothing);
-    activation: None, "gelu" or "relu", applied in fp32 after the rescale. ``weight`` stays referenced (a
-    non-persistent buffer, shared with the caller's fp32 weight): tokens holding NaN or inf run on it.
-    """
-
-    def __init__(self, weight: Tensor, bias: Tensor | None, smooth: Tensor | None = None, activation: str | None = None):
-        super().__init__()
-        if not bool(torch.isfinite(weight).all()):
-            raise ValueError("Int8Linear: weight holds NaN or inf, which no per-channel int8 scale can represent; "
-                             "fix the checkpoint (fp32 would give NaN/inf in those output channels for every token)")
-        w = weight.detach().float()
-        if smooth is not None:
-            w = w * smooth  # x W^T = (x / a)(W a)^T
-        q, w_scale = quantize_rows(w)  # per output channel: (N, K) int8, (N, 1)
-        self.register_buffer("qweight_t", q.t().contiguous())  # (K, N): _int_mm's fast layout (row-major B)
-        self.register_buffer("w_scale", w_scale.view(-1))  # (N,)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth).float())
-        self.register_buffer("weight_fp32", weight.detach().float(), persistent=False)  # (N, K), fp32: no copy
-        self.activation = activation
-        self._ones: Tensor | None = None  # oneDNN's unit weight scales (N,), made at its first use
-
-    def forward(self, x: Tensor, residual: Tensor | None = None, *, path: str | None = None) -> Tensor:
-        """x: (M, K) float32 -> act(x W^T + b) (+ residual (M, N)): (M, N) float32. Raises ValueError where autograd
-        would record the call. path: "int_mm" or "onednn_int8" (default: btlib.gemm.choose_int8's for M, K, N)."""
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise ValueError(f"Int8Linear: x requires grad, but {_NO_GRAD}")
-        if path is not None and path not in gemm.INT8_PATHS:
-            raise ValueError(f"path must be one of {gemm.INT8_PATHS} or None; got {path!r}")
-        k = kernels()
-        if k is None:
-            return self._forward_torch(x, residual)
-        path = path or gemm.choose_int8(x.shape[0], *self.qweight_t.shape)
-        packed = self._onednn_pack(path) if path == "onednn_int8" else None
-        xq, s = k.quantize_rows(x.contiguous(), self._smooth(), packed is not None)  # (M, K) int8 (uint8 + 128: oneDNN), (M, 1)
-        try:
-            y = self.forward_quantized(xq, s, packed, residual)
-        except _OneDnnOff:  # off for this process (choose_int8 says int_mm from now on); this call too
-            return self.forward(x, residual, path="int_mm")
-        return self._nonfinite_rows(x, s, y, residual)
-
-    def forward_quantized(self, xq: Tensor, s: Tensor, packed: Tensor | None, residual: Tensor | None = None) -> Tensor:
-        """act(x W^T + b) (+ residual) from x already quantised: quantize_rows' (M, K) q and (M, 1) s, uint8 + 128
-        where ``packed`` (this weight's oneDNN copy, :meth:`onednn_packed`) is given, int8 for torch._int_mm where it
-        is None. Rows whose s is not finite come out as garbage: the caller recomputes them."""
-        k = kernels()
-        M, N = xq.shape[0], self.qweight_t.shape[1]
-        y = torch.empty(M, N)
-        b = self.bias if self.bias is not None else _EMPTY
-        r = residual.contiguous() if residual is not None else None
-        act = _ACT[self.activation]
-        for i in range(0, M, ROWS):  # row blocks: the GEMMs' fast sizes, and acc stays in cache for dequantize
-            k.dequantize(self._sums(xq[i:i + ROWS], packed), s[i:i + ROWS], self.w_scale, b, act,
-                         _EMPTY if r is None else r[i:i + ROWS], y[i:i + ROWS])  # act and residual in the same pass
-        return y
-
-    def requantized(self, xq: Tensor, s: Tensor, packed: Tensor | None, nxt: Int8Linear,
-                    nxt_packed: Tensor | None) -> tuple[Tensor, Tensor]:
-        """act(x W^T + b) quantised for ``nxt`` (its smoothing, its GEMM path: uint8 + 128 where ``nxt_packed``),
-        from x quantised as in :meth:`forward_quantized`: (M, N) q and (M, 1) s, the floats never written (int8.cpp's
-        requantize). A row whose output holds NaN or inf gets s = NaN."""
-        k = kernels()
-        M, N = xq.shape[0], self.qweight_t.shape[1]
-        q = torch.empty(M, N, dtype=torch.uint8 if nxt_packed is not None else torch.int8)
-        s_out = torch.empty(M, 1)
-        b = self.bias if self.bias is not None else _EMPTY
-        for i in range(0, M, ROWS):
-            k.requantize(self._sums(xq[i:i + ROWS], packed), s[i:i + ROWS], self.w_scale, b, _ACT[self.activation],
-                         nxt._smooth(), nxt_packed is not None, q[i:i + ROWS], s_out[i:i + ROWS])
-        return q, s_out
-
-    def onednn_packed(self, M: int) -> Tensor | None:
-        """oneDNN's packed weight where btlib.gemm.choose_int8 takes oneDNN for M rows of this weight, else None
-        (torch._int_mm)."""
-        path = gemm.choose_int8(M, *self.qweight_t.shape)
-        return self._onednn_pack(path) if path == "onednn_int8" else None
-
-    def _smooth(self) -> Tensor:
-        return self.inv_smooth if self.inv_smooth is not None else _EMPTY
-
-    def _sums(self, xq: Tensor, packed: Tensor | None) -> Tensor:
-        """The integer sums xq W^T of one row block: int32 from torch._int_mm, or float32 from oneDNN (unit scales,
-        no bias: the same integers as floats). Raises _OneDnnOff where oneDNN fails (recorded: int_mm from now on)."""
-        if packed is None:
-            return tp.int_mm(xq, self.qweight_t)
-        try:
-            return gemm.onednn_int8_linear(xq, 1.0, 128, packed, self._ones, None)
-        except RuntimeError as e:
-            gemm.int8_broke("onednn_int8", e)
-            raise _OneDnnOff from e
-
-    def _onednn_pack(self, path: str) -> Tensor | None:
-        """oneDNN's packed copy of the int8 weight (btlib.gemm.pack: made once, remade after an in-place change);
-        None (and int_mm from now on) where oneDNN refuses it."""
-        try:
-            packed = gemm.pack(self.qweight_t, path)
-        except RuntimeError as e:
-            gemm.int8_broke(path, e)
-            return None
-        if self._ones is None:
-            self._ones = torch.ones(self.qweight_t.shape[1])
-        return packed
-
-    def _forward_torch(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        xs = x * self.inv_smooth if self.inv_smooth is not None else x
-        xq, s = quantize_rows(xs)  # (M, K) int8, (M, 1)
-        y = torch.mul(tp.int_mm(xq, self.qweight_t), self.w_scale)  # int32 (M, N) -> float32, times w_n
-        y = torch.addcmul(self.bias, y, s, out=y) if self.bias is not None else y.mul_(s)  # * s_m + b
-        y = self._activation(y)
-        return self._nonfinite_rows(x, s, y if residual is None else y + residual, residual)
-
-    def _activation(self, y: Tensor) -> Tensor:
-        if self.activation == "gelu":
-            return F.gelu(y)
-        return F.relu(y) if self.activation == "relu" else y
-
-    def _nonfinite_rows(self, x: Tensor, s: Tensor, y: Tensor, residual: Tensor | None = None) -> Tensor:
-        """y with the rows whose scale s is not finite (their x holds NaN or inf) recomputed in fp32, so NaN
-        and inf propagate exactly as in fp32. Costs one check of the (M,) scales on clean inputs."""
-        bad = ~torch.isfinite(s.view(-1))
-        if bool(bad.any()):
-            fixed = self._activation(F.linear(x[bad], self.weight_fp32, self.bias))
-            y[bad] = fixed if residual is None else fixed + residual[bad]
-        return y
-
-
-_EMPTY = torch.empty(0)
-_ACT = {None: 0, "gelu": 1, "relu": 2}  # int8.cpp's dequantize act codes
 
 
 def _inputs(layer: nn.TransformerEncoderLayer) -> dict[str, tuple[Tensor, Tensor | None]]:
@@ -316,7 +142,7 @@ class Int8PackedEncoder(PackedEncoder):
         q8 = self._q[id(layer)]
         if "linear1" not in q8 and "linear2" not in q8:
             return PackedEncoder._feed_forward(layer, x, residual)
-        if "linear1" in q8 and "linear2" in q8 and kernels() is not None:
+        if "linear1" in q8 and "linear2" in q8 and quant_linear.kernels() is not None:
             return _feed_forward_int8(q8["linear1"], q8["linear2"], x, residual)
         h = q8["linear1"](x) if "linear1" in q8 else layer.activation(layer.linear1(x))
         if "linear2" in q8:
@@ -325,20 +151,15 @@ class Int8PackedEncoder(PackedEncoder):
         return y if residual is None else y + residual
 
 
-class _OneDnnOff(Exception):
-    """oneDNN's int8 linear failed in this process (btlib.gemm.int8_broke has recorded it): redo the call on int_mm."""
-
-
 def _feed_forward_int8(l1: Int8Linear, l2: Int8Linear, x: Tensor, residual: Tensor | None) -> Tensor:
     """l2(l1(x)) (+ residual) with l1's output quantised for l2 as it is computed (Int8Linear.requantized): the
     (M, 4 d) hidden state, the layer's widest, is never written as floats, nor read back: 2 x 4 bytes less per hidden
     value. The same bits as l2(l1(x)) (int8.cpp computes the row with the same code, built without FMA contraction).
-    Measured on an Intel Xeon (AMX, 2 threads), all-MiniLM-L6-v2 encoding 64 passages at batch 32, median of 5
-    interleaved rounds: 536.6 -> 528.5 ms with fp32 attention, 486.6 -> 464.4 ms with AMX attention.
+    What it saves end to end: ``python -m btlib.bench run pretrained_encode`` with int8, before and after.
 
     Rows whose input or hidden state holds NaN or inf are recomputed in fp32 through both linears, so they come out
     as the fp32 layer's."""
-    k = kernels()
+    k = quant_linear.kernels()
     M = x.shape[0]
     p1, p2 = l1.onednn_packed(M), l2.onednn_packed(M)
     xq, s = k.quantize_rows(x.contiguous(), l1._smooth(), p1 is not None)

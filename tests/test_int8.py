@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from btlib import PackedEncoder, device, gemm, gemm_measure, hardware, quant, smoothquant
+from btlib import PackedEncoder, device, gemm, gemm_measure, hardware, quant, quant_linear, smoothquant
 from btlib.kernels import registry
 
 from model_folder import needs_model
@@ -408,7 +408,7 @@ def test_int8_refuses_autograd():
 def test_int8_nan_and_inf_propagate_as_in_fp32(torch_ops, activation, smooth, monkeypatch):
     """The C++ quantizer turned NaN / inf into numbers (std::max drops NaN; NaN cast to int8 is undefined)."""
     if torch_ops:
-        monkeypatch.setattr(quant, "kernels", lambda: None)
+        monkeypatch.setattr(quant_linear, "kernels", lambda: None)
     x, w, b, lin = _lin(6, 96, 40, activation, smooth)
     w[3, 5] = 0.0  # a zero weight: inf * 0 is NaN in fp32
     lin = quant.Int8Linear(w, b, lin.inv_smooth.reciprocal() if smooth else None, activation)
