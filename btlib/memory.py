@@ -5,11 +5,10 @@
 Every forward allocates its activations afresh. For a large batch they are large: one (tokens, 1536) fp32
 feed-forward activation of 12,000 tokens is 74 MB. glibc's malloc serves a block that large with mmap and gives
 it back to the kernel on free (its adaptive mmap threshold stops at 32 MB), so the next batch's block of the same
-size is fresh pages again, which the kernel zeroes and maps one 4 KiB page at a time on first touch. Measured on an
-Intel Xeon (2 threads, torch 2.13): writing a fresh 74 MB tensor took ~18 ms, writing a reused one ~1.8 ms; one
-batch of 64 passages (12,237 tokens) through all-MiniLM-L6-v2 took 940 -> 623 ms in int8, 521 -> 415 ms in bf16
-and 1315 -> 1180 ms in fp32 with freed memory kept (int8 allocates the most: int8 copies, int32 sums, fp32
-outputs). Short batches hardly change (32 sentences of ~18 tokens: 27.3 -> 25.1 ms in int8).
+size is fresh pages again, which the kernel zeroes and maps one 4 KiB page at a time on first touch: writing a
+fresh tensor that large costs about ten times writing a reused one. Large batches gain the most (int8 most of all:
+it allocates int8 copies, int32 sums and fp32 outputs); short batches hardly change.
+``python -m btlib.bench run pretrained_encode`` shows what it buys here.
 
 What it does: ``mallopt(M_MMAP_THRESHOLD, 1 GiB)`` serves blocks below 1 GiB from the heap, and
 ``mallopt(M_TRIM_THRESHOLD, 2 GiB)`` keeps up to 2 GiB of freed heap instead of returning it. The cost: the

@@ -98,10 +98,9 @@ class Int8PackedEncoder(PackedEncoder):
         """fp32's varlen kernel, except where AMX runs: then the AMX kernel, which takes the fp32 q, k, v as they are
         and rounds them to bf16 while packing its tiles (bf16 products, fp32 softmax and output). The int8 linears
         already round every activation to 8 bits, so attention's bf16 products stay far inside int8's own error
-        (min cosine against fp32 on 64 passages: 0.9983 with fp32 attention, 0.9979 with AMX), and attention,
-        which int8 leaves in fp32, is the largest part of int8's time on long texts (12 varlen calls 164 of 368 ms
-        profiled, passages at batch 32). Measured on an Intel Xeon (AMX, 2 threads), all-MiniLM-L6-v2 on 64 passages
-        at batch 32: 536.6 -> 486.6 ms end to end. Only under backend "auto": a named backend runs as named; and
+        (their error is bf16's, a few units in 1e-3, against int8's percent), and attention, which int8 leaves in fp32,
+        is the largest part of int8's time on long texts (``python -m btlib.bench run pretrained_encode`` shows the
+        end-to-end effect on an AMX machine). Only under backend "auto": a named backend runs as named; and
         only where something is quantised (keep_fp32 everything is the fp32 encoder, to the bit)."""
         kernel = super()._kernel(x)
         quantised = any(len(q) for q in self.qlinears)  # keep_fp32 everything: the fp32 encoder, exactly

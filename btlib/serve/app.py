@@ -286,8 +286,8 @@ def server_config(app: FastAPI) -> uvicorn.Config:
 
     http and loop "auto": httptools (C HTTP parser) and uvloop when they import, which the ``serve`` extra installs
     (uvloop not on Windows); without them uvicorn falls back to h11 and asyncio, quietly, with the same answers.
-    Server CPU per POST /v1/embeddings on a 2-core Intel Xeon (the model's forward left out): h11 + asyncio
-    0.59 ms, httptools + asyncio 0.47 ms, h11 + uvloop 0.53 ms, httptools + uvloop 0.43 ms. access_log off:
+    Each of httptools and uvloop cuts the server's CPU per request (btlib.serve.remote's server_cpu_ms measures it,
+    the model's forward left out). access_log off:
     log_level "warning" hid the lines already, but uvicorn still built each line's arguments.
     """
     return uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, http="auto", loop="auto")

@@ -17,8 +17,8 @@ the client. One loop holds any number of them, with one keep-alive connection ea
 ``max_connections`` (at most ``max_queue`` texts wait in the server and one batch of at most as many runs, so
 2 x max_queue + 16 connections never hold back a request the server could take). It speaks HTTP/1.1 over
 asyncio streams itself rather than through httpx: the client shares the server's CPU in a benchmark, and
-httpx's AsyncClient took 2.3 ms of client CPU per GET /health where this client took 0.76 ms (the same busy
-2-core Xeon, load average 4-5): at 500 req/s, more than a core taken from the server against a third of one.
+httpx's AsyncClient took about three times this client's CPU per request, which at hundreds of requests a
+second is more than a core taken from the server on a 2-core machine.
 :func:`btlib.serve.remote.client_cost` measures it where the benchmark runs.
 """
 

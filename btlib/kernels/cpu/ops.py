@@ -152,9 +152,8 @@ register(Kernel("cpu_flash_v3", "padded", attention_v3, dtypes=_F32_BF16, priori
                             "a window skips the key tiles outside it", **_common))
 register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, dtypes=_F32_BF16, priority=10, window=True, bias=True,
                 description="C++ v3 on packed tokens + cu_seqlens: no work on padding (nor outside a window)", **_common))
-# Above cpu_flash_varlen for bf16 where AMX runs: measured on an Intel Xeon (AMX, 2 threads, shared machine), 32
-# sequences of 256 / of U[192, 320] tokens, H = 12: D = 32 16.2 / 14.0 ms vs 28.4 / 29.0 ms on vdpbf16ps (1.75x / 2.07x),
-# D = 64 25.0 / 21.4 ms vs 75.8 / 52.6 ms (3.0x / 2.5x); fp32 v3 24.0 / 24.5 and 37.6 / 37.9 ms.
+# Where AMX runs, "auto" times it against cpu_flash_varlen and PyTorch's SDPA loop (btlib.kernels.choice); the
+# priority above cpu_flash_varlen only breaks a tie within 3% (and orders the calls that are not measured).
 register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx, dtypes=(torch.bfloat16,), priority=20, window=True, bias=True,
                 description="C++ v3 on packed tokens with Q K^T and P V on AMX tiles (bf16; Intel Xeon since Sapphire Rapids)",
                 **{**_common, "available": build.amx_available}))
