@@ -9,19 +9,22 @@
                  whose segment sums and masks are btlib.padding's)
 
 :class:`SentenceEncoder` owns every step but the forward. An architecture supplies what differs:
-``_forward_packed`` (its embeddings and layers on packed tokens), ``_token_ids`` (token types or not),
+``_forward_packed`` (its embeddings and layers on packed tokens), ``_token_types`` (token types or not),
 and where it has them, PyTorch's padded paths (``_forward_padded``), an int8 twin (``int8_encoder``)
-and token id lists as texts (``_check_texts``, ``_prepare``); its ``PATHS`` and ``PRECISIONS`` say which.
+and token id lists as texts (``_check_texts``, ``_prepare``, ``_tokens``); its ``PATHS`` and ``PRECISIONS`` say which.
 The two architectures: btlib.pretrained.architectures.bert (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder)
 and btlib.pretrained.architectures.modernbert_model (ModernBERT). Precision is checked and resolved once per call, here,
 through btlib.precision; the slow-precision warnings name the class (``PretrainedEncoder.encode in bf16``).
+Tokenize once, run later (a server's queue): ``tokens(texts)`` -> :class:`Tokens` (ids, types, the prompt's length),
+``encode_tokens(tokens)`` runs them; ``encode(texts)`` is the two, one batch of texts tokenized at a time.
 """
 
 from __future__ import annotations
 
 import numbers
 import re
-from typing import NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +33,8 @@ from ..padding import lengths_to_cu_seqlens
 from ..precision import ENCODE_PRECISIONS, check_precision, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
 from .st_modules import HasHead
 
-__all__ = ["SentenceEncoder", "Prompts", "PackedTokens", "pack_ids", "check_encode_args", "check_texts", "check_text"]
+__all__ = ["SentenceEncoder", "Prompts", "Tokens", "PackedTokens", "pack_ids", "check_encode_args", "check_texts",
+           "check_text"]
 
 
 class PackedTokens(NamedTuple):
@@ -54,6 +58,45 @@ def pack_ids(ids: list[list[int]], types: list[list[int]] | None = None) -> Pack
     return PackedTokens(flat, tt, cu_seqlens, max_seqlen)
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """Texts tokenized as ``encode`` runs them: what :meth:`SentenceEncoder.tokens` gives and ``encode_tokens`` takes.
+
+    ids: token ids per text, special tokens and the prompt in, truncated to max_length (no padding); types: token
+    types per text, or None (0 everywhere, or a family without them); prompt_length: the prompt's tokens at the start
+    of every text, which a Pooling with include_prompt false leaves out (None: no prompt; one prompt for all the
+    texts, as encode puts one before all its texts); truncated: per text, whether max_length cut it.
+    """
+
+    ids: list[list[int]]
+    types: list[list[int]] | None = None
+    prompt_length: int | None = None
+    truncated: list[bool] | None = None
+
+    def __len__(self) -> int:  # texts
+        return len(self.ids)
+
+    def lengths(self) -> list[int]:
+        """Tokens per text: what each costs in a forward pass."""
+        return [len(s) for s in self.ids]
+
+    def __getitem__(self, i: slice) -> "Tokens":
+        """The texts ``i`` (a slice) of these, with the same prompt length."""
+        pick = (lambda x: None if x is None else x[i])
+        return Tokens(self.ids[i], pick(self.types), self.prompt_length, pick(self.truncated))
+
+    @staticmethod
+    def join(parts: Sequence["Tokens"]) -> "Tokens":
+        """Several requests' Tokens as one, in order; they must share their prompt length (one prompt per forward)."""
+        if len({p.prompt_length for p in parts}) > 1:
+            raise ValueError(f"Tokens of different prompts cannot share a forward (prompt lengths "
+                             f"{sorted({p.prompt_length or 0 for p in parts})}): join each prompt's apart")
+        types = None if all(p.types is None for p in parts) else [  # 0 where a part has none, as pack_ids reads None
+            t for p in parts for t in (p.types if p.types is not None else ([0] * len(s) for s in p.ids))]
+        truncated = None if any(p.truncated is None for p in parts) else [t for p in parts for t in p.truncated]
+        return Tokens([s for p in parts for s in p.ids], types, parts[0].prompt_length if parts else None, truncated)
+
+
 class Prompts:
     """sentence-transformers' prompts, shared by every encoder: ``prompts``, ``default_prompt_name``, ``special_ids``."""
 
@@ -67,14 +110,21 @@ class Prompts:
         # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
         self.prompts = {"query": None, "document": None, **(prompts or {})}
         self.default_prompt_name, self.special_ids = default_prompt_name, frozenset(special_ids)
+        self._prompt_lengths: dict[str, tuple[object, int]] = {}
 
     def prompt_length(self, prompt: str | None) -> int | None:
         """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
-        pooling when include_prompt is false. None for no prompt."""
+        pooling when include_prompt is false. None for no prompt. Kept per prompt and tokenizer (a server asks at
+        every request), so the prompt is tokenized alone once."""
         if not prompt:
             return None
-        ids = self.tokenizer.encode(prompt).ids
-        return len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
+        cache = self.__dict__.setdefault("_prompt_lengths", {})
+        tokenizer, n = cache.get(prompt, (None, 0))
+        if tokenizer is not self.tokenizer:
+            ids = self.tokenizer.encode(prompt).ids
+            n = len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
+            cache[prompt] = (self.tokenizer, n)
+        return n
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
@@ -117,6 +167,17 @@ class SentenceEncoder(Prompts, HasHead):
         check_texts(texts)
         return self._encodings(texts, self.resolve_prompt(prompt, prompt_name))
 
+    def tokens(self, texts: Sequence[str | tuple[str, str]] | Sequence[Sequence[int]], *, prompt_name: str | None = None,
+               prompt: str | None = None) -> Tokens:
+        """``texts`` tokenized once, exactly as :meth:`encode` with the same prompt / prompt_name runs them (checks,
+        prompt, truncation, special tokens, token types of pairs, the prompt's length for the head): pass the result
+        to :meth:`encode_tokens`. ``lengths()``: what each text costs; ``truncated``: which max_length cut."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("tokens takes a list of texts; wrap a single text in a list")
+        self._check_texts(texts)
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        return self._tokens(self._prepare(texts, prompt), prompt)
+
     def _encodings(self, texts: Sequence[str | tuple[str, str]], prompt: str | None) -> list:
         """The tokenizer's encodings of ``texts``, the prompt before each text (a pair's first text)."""
         if prompt:
@@ -136,9 +197,15 @@ class SentenceEncoder(Prompts, HasHead):
         """The texts, ready to batch; a family that checks every text up front (token id lists) does it here."""
         return texts
 
-    def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], list[list[int]] | None]:
-        """(ids, token types or None for all-0) per text of one batch of ``_prepare``'s items."""
-        raise NotImplementedError
+    def _tokens(self, items: Sequence, prompt: str | None) -> Tokens:
+        """``_prepare``'s items tokenized once, the prompt before each (a family taking id lists overrides it)."""
+        enc = self._encodings(items, prompt)
+        return Tokens([e.ids for e in enc], self._token_types(items, enc), self.prompt_length(prompt),
+                      [bool(e.overflowing) for e in enc])
+
+    def _token_types(self, items: Sequence, encodings: list) -> list[list[int]] | None:
+        """Token types per text from the tokenizer's ``encodings`` of ``items``, or None for all-0 (the default)."""
+        return None
 
     def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
         """Last hidden states (total, d) of packed tokens, computed in ``dtype`` (or by ``quantized``, the int8
@@ -192,24 +259,44 @@ class SentenceEncoder(Prompts, HasHead):
         self._check_path(path)
         precision = check_encode_args(texts, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
         self._check_texts(texts)
-        batch_size = int(batch_size)
+        batch_size, path = int(batch_size), self._check_packed(path, precision)
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        items = self._prepare(texts, prompt)
+        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode")
+        batches = (self._tokens(items[i:i + batch_size], prompt) for i in range(0, len(items), batch_size))
+        return self._run(batches, path, dtype, quantized)
+
+    def encode_tokens(self, tokens: Tokens, *, batch_size: int = 64, path: str = "packed",
+                      precision: str | None = None) -> Tensor:
+        """:meth:`encode` of texts :meth:`tokens` tokenized (prompt length and token types travel in ``tokens``):
+        ``encode(texts, **kw)`` is ``encode_tokens(tokens(texts, prompt_name=...), **kw)`` bit for bit."""
+        if not isinstance(tokens, Tokens):
+            raise TypeError(f"encode_tokens takes the Tokens that tokens(texts) gives; got {type(tokens).__name__}")
+        self._check_path(path)
+        precision = check_encode_args(tokens.ids, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
+        batch_size, path = int(batch_size), self._check_packed(path, precision)
+        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode_tokens")
+        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, dtype, quantized)
+
+    @staticmethod
+    def _check_packed(path: str, precision: str | None) -> str:
+        """"packed" for "packed_bf16" (precision already says bf16); a padded path takes fp32 only."""
         path = "packed" if path == "packed_bf16" else path
         if path != "packed" and precision not in (None, "fp32"):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
-        prompt = self.resolve_prompt(prompt, prompt_name)
-        prompt_length = self.prompt_length(prompt)
-        items = self._prepare(texts, prompt)
-        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode")
+        return path
+
+    def _run(self, batches: Iterable[Tokens], path: str, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
+        """The loop: each batch of Tokens packed (or padded, on a padded path), forward, head -> (N, out) float32."""
         out = []
         with torch.inference_mode():
-            for i in range(0, len(items), batch_size):
-                ids, types = self._token_ids(items[i:i + batch_size], prompt)
+            for t in batches:
                 if path == "packed":
-                    tokens = pack_ids(ids, types)
-                    h, cu_seqlens = self._forward_packed(tokens, dtype, quantized), tokens.cu_seqlens
+                    packed = pack_ids(t.ids, t.types)
+                    h, cu_seqlens = self._forward_packed(packed, dtype, quantized), packed.cu_seqlens
                 else:
-                    h, cu_seqlens = self._forward_padded(ids, types, path)
-                out.append(self.head(h.float(), cu_seqlens, prompt_length))  # (total, d) -> (B, out)
+                    h, cu_seqlens = self._forward_padded(t.ids, t.types, path)
+                out.append(self.head(h.float(), cu_seqlens, t.prompt_length))  # (total, d) -> (B, out)
         return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
 
 

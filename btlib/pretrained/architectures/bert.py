@@ -110,20 +110,19 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         self.eval()
 
     # -- tokens (SentenceEncoder.tokenize: pairs as transformers encodes them) ----------------
-    def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], list[list[int]] | None]:
-        """(ids, token types or None for all-0) per text; the prompt goes before each text (a pair's first text)."""
+    def _token_types(self, texts: Sequence, enc: list) -> list[list[int]] | None:
+        """Token types per text (None for all-0) from the tokenizer's encodings ``enc`` of ``texts``."""
         pairs = [not isinstance(t, str) for t in texts]
         if any(pairs) and self.token_types is None and self.spec.type_vocab_size > 1:
             raise ValueError("pairs need to know whether this folder's tokenizer hands token_type_ids to the model, and "
                              "its tokenizer_config.json's tokenizer_class is not one btlib knows; pass single texts")
-        enc = self._encodings(texts, prompt)
         if not self.token_types or self.embeddings.token_type is None:
-            return [e.ids for e in enc], None
+            return None
         types = [e.type_ids for e in enc]
         if max((max(t, default=0) for t in types), default=0) >= self.spec.type_vocab_size:
             raise ValueError(f"the tokenizer gives token type ids up to {max(max(t, default=0) for t in types)} but the "
                              f"model has type_vocab_size {self.spec.type_vocab_size}; transformers cannot run this either")
-        return [e.ids for e in enc], types
+        return types
 
     def positions(self, ids: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
         """Row of the position table for each token, as transformers computes it.

@@ -40,7 +40,7 @@ from ...packed_encoder import _select_varlen
 from ...kernels.registry import Kernel
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
-from ..encoding import PackedTokens, SentenceEncoder, check_text, pack_ids
+from ..encoding import PackedTokens, SentenceEncoder, Tokens, check_text, check_texts, pack_ids
 from ..st_modules import Pooling
 from ..folders.modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
@@ -144,16 +144,22 @@ class ModernBertEncoder(SentenceEncoder, nn.Module):
     def _check_texts(self, texts: Sequence) -> None:
         """Strings or token id lists: checked in :meth:`_prepare`, once the prompt is known."""
 
-    def _prepare(self, texts: Sequence, prompt: str | None) -> list[list[int]]:
-        """Every text tokenised (prompt first) or every token id list checked, before the first forward."""
-        if prompt and not all(isinstance(t, str) for t in texts):
+    def _prepare(self, texts: Sequence, prompt: str | None) -> list[str] | list[list[int]]:
+        """Every text checked (then tokenized a batch at a time, prompt first) or every token id list checked, before
+        the first forward."""
+        if not isinstance(texts, (str, bytes)) and all(isinstance(t, str) for t in texts):
+            check_texts(texts)
+            return list(texts)
+        if prompt:
             raise ValueError(f"texts are token ids, so the prompt {prompt!r} cannot be put before them: tokenize "
                              "prompt + text yourself and pass prompt=''")
-        return self._sequences([prompt + t for t in texts] if prompt else texts, empty_ok=False)
+        return self._sequences(texts, empty_ok=False)
 
-    def _token_ids(self, texts: list[list[int]], prompt: str | None) -> tuple[list[list[int]], None]:
-        """One batch of :meth:`_prepare`'s id lists (the prompt is in them already); no token types."""
-        return texts, None
+    def _tokens(self, items: list[str] | list[list[int]], prompt: str | None) -> Tokens:
+        """Texts tokenized as every family's; token id lists (checked by :meth:`_prepare`) as they are, no types."""
+        if all(isinstance(t, str) for t in items):
+            return super()._tokens(items, prompt)
+        return Tokens(items, None, None, [False] * len(items))
 
     # -- forward -----------------------------------------------------------------------------
     def _stack(self, dtype: torch.dtype) -> _Stack:

@@ -157,10 +157,6 @@ class Qwen3Encoder(SentenceEncoder, nn.Module):
         tokens = pack_ids(self.tokenize(texts))
         return tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
 
-    def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], None]:
-        """Ids per text (a pair as the tokenizer's pair template joins it); a decoder has no token types."""
-        return [e.ids for e in self._encodings(texts, prompt)], None
-
     # -- forward -----------------------------------------------------------------------------
     def _check_path(self, path: str) -> None:
         if path not in self.PATHS:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numbers
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .bert import PretrainedEncoder, load_bert
 from ..folders.checkpoint import ROBERTA_LAYOUT, CheckpointError, read_config
-from ..encoding import check_encode_args, check_text, pack_ids
+from ..encoding import Tokens, check_encode_args, check_text, pack_ids
 from ..folders.st_folder import FolderPlan
 
 __all__ = ["Reranker", "load_reranker", "HEADS", "ACTIVATIONS"]
@@ -84,17 +84,44 @@ class Reranker(nn.Module):
         forward; each batch is packed, never padded.
         """
         pairs = check_pairs(pairs)
+        precision, activation = self._check(pairs, batch_size, precision, activation)
+        dtype, quantized = self.encoder.resolve_precision(precision, "Reranker.predict")
+        step = int(batch_size)
+        return self._scores((self.encoder._tokens(pairs[i:i + step], None) for i in range(0, len(pairs), step)),
+                            activation, dtype, quantized)
+
+    def tokens(self, pairs: Sequence[tuple[str, str]]) -> Tokens:
+        """``pairs`` tokenized once, as :meth:`predict` runs them (checked as predict checks them): for
+        :meth:`predict_tokens`. ``truncated`` says which pairs max_length cut."""
+        return self.encoder._tokens(check_pairs(pairs), None)
+
+    def predict_tokens(self, tokens: Tokens, *, batch_size: int = 32, activation: str | None = None,
+                       precision: str | None = None) -> Tensor:
+        """:meth:`predict` of pairs :meth:`tokens` tokenized: ``predict(pairs, **kw)`` is
+        ``predict_tokens(tokens(pairs), **kw)`` bit for bit."""
+        if not isinstance(tokens, Tokens) or not len(tokens):
+            raise ValueError("predict_tokens takes the Tokens that tokens(pairs) gives, of one pair at least")
+        precision, activation = self._check(tokens.ids, batch_size, precision, activation)
+        dtype, quantized = self.encoder.resolve_precision(precision, "Reranker.predict_tokens")
+        step = int(batch_size)
+        return self._scores((tokens[i:i + step] for i in range(0, len(tokens), step)), activation, dtype, quantized)
+
+    def _check(self, pairs: Sequence, batch_size: int, precision: str | None, activation: str | None) -> tuple:
+        """predict's argument checks: (the precision, the activation to apply)."""
         precision = check_encode_args(pairs, batch_size, "packed", precision, self.encoder.PRECISIONS)
         activation = self.default_activation if activation is None else activation
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be None (the folder's default) or one of {ACTIVATIONS}; got {activation!r}")
         if activation == "softmax" and self.num_labels == 1:
             raise ValueError("activation='softmax' over one label is 1 for every pair; use 'sigmoid' or 'identity'")
-        dtype, quantized = self.encoder.resolve_precision(precision, "Reranker.predict")
+        return precision, activation
+
+    def _scores(self, batches: Iterable[Tokens], activation: str, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
+        """Each batch packed, forward, the head on each pair's first token; then the activation."""
         out = []
         with torch.inference_mode():
-            for i in range(0, len(pairs), int(batch_size)):
-                tokens = pack_ids(*self.encoder._token_ids(pairs[i:i + int(batch_size)], None))
+            for t in batches:
+                tokens = pack_ids(t.ids, t.types)
                 h = self.encoder._forward_packed(tokens, dtype, quantized)  # (total, d)
                 out.append(self.logits(h[tokens.cu_seqlens[:-1].long()].float()))  # first token of each pair: (B, d)
         scores = torch.cat(out)  # (N, num_labels)

@@ -118,20 +118,19 @@ class RotaryBertEncoder(SentenceEncoder, nn.Module):
         tokens = pack_ids(self.tokenize(texts))
         return tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
 
-    def _token_ids(self, texts: Sequence, prompt: str | None) -> tuple[list[list[int]], list[list[int]] | None]:
-        """(ids, token types or None for all-0) per text; the prompt goes before each text (a pair's first text)."""
+    def _token_types(self, texts: Sequence, enc: list) -> list[list[int]] | None:
+        """Token types per text (None for all-0) from the tokenizer's encodings ``enc`` of ``texts``."""
         if any(not isinstance(t, str) for t in texts) and self.token_types is None and self.spec.type_vocab_size > 1:
             raise ValueError("pairs need to know whether this folder's tokenizer hands token_type_ids to the model, and "
                              "its tokenizer_config.json's tokenizer_class is not one btlib knows; pass single texts")
-        enc = self._encodings(texts, prompt)
         if not self.token_types or not self.spec.type_vocab_size:
-            return [e.ids for e in enc], None
+            return None
         types = [e.type_ids for e in enc]
         top = max((max(t, default=0) for t in types), default=0)
         if top >= self.spec.type_vocab_size:
             raise ValueError(f"the tokenizer gives token type ids up to {top} but the model has type_vocab_size "
                              f"{self.spec.type_vocab_size}; pass single texts")
-        return [e.ids for e in enc], types
+        return types
 
     # -- forward -----------------------------------------------------------------------------
     def _check_path(self, path: str) -> None:
