@@ -25,13 +25,18 @@ Scheduling (one worker thread; TEI's queue with infinity's short wait):
 - A bounded queue, ``max_queue`` texts: a request that does not fit is refused at once with
   :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound.
 
+Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included, and the queue holds those
+ids; a batch is packed from them and the model runs them (``model.encode_tokens``), so the budget counts exactly the
+tokens each forward sees and no text is tokenized twice. A model without ``tokens`` / ``encode_tokens`` is counted by
+its tokenizer at submit and runs ``encode(texts)``.
+
 The items are texts, or (query, text) pairs for a cross-encoder (:class:`btlib.serve.rerank.PairScorer`
 is a reranker's Encoder face): a pair costs its tokens like a text, so the same queue, budget and
 refusals serve /rerank without a second batcher.
 
 Answers are what ``model.encode`` gives for the texts of the batch they ran in: a batch's output is
-``model.encode(all its texts)`` split by request, so a request run alone equals ``model.encode`` of
-it bit for bit. Whether a row also equals its own ``encode`` when batched with others is the BLAS's
+``model.encode(all its texts)`` (as ``encode_tokens`` of their ids, bit for bit) split by request, so a request
+run alone equals ``model.encode`` of it bit for bit. Whether a row also equals its own ``encode`` when batched with others is the BLAS's
 business: with fp32 MKL on an AVX2 Zen 3 a row's last bits depend on the number of rows in the GEMM
 (differences ~2e-7, measured), so those answers agree to fp32 rounding, not bit for bit.
 """
@@ -44,13 +49,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from torch import Tensor
 
 from ..precision import ENCODE_PRECISIONS, check_precision
-from ..pretrained.encoding import check_texts
+from ..pretrained.encoding import Tokens
+from .queue import InputTooLong, Item, Request, check_items, runs_tokens, take, tokenize
 from .stats import BatcherStats
 
 __all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "Encoder"]
@@ -64,10 +69,6 @@ class Overloaded(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
-class InputTooLong(ValueError):
-    """A text has more tokens than the model takes and truncation was not allowed (HTTP 413)."""
-
-
 class Encoder(Protocol):
     """What BatchEncoder needs: btlib's PretrainedEncoder and ModernBertEncoder are ones.
 
@@ -75,8 +76,10 @@ class Encoder(Protocol):
     encode(texts, batch_size=, precision=) -> (len(texts), d) float32; texts are str, or (str, str) pairs
     for a model that takes pairs (a PairScorer: d = 1, the logit).
 
-    Optional: ``encodings(texts, prompt_name=)`` (the tokenizer's encodings as encode runs them, the prompt
-    first: btlib's encoders have it; without it the tokenizer counts the texts alone and prompt_name is refused),
+    Optional: ``tokens(texts, prompt_name=)`` and ``encode_tokens(tokens, batch_size=, precision=)`` (texts tokenized
+    once, at submit, and run from those ids: btlib's encoders and PairScorer have them); else ``encodings(texts,
+    prompt_name=)`` (the tokenizer's encodings as encode runs them, the prompt first; without it the tokenizer counts
+    the texts alone and prompt_name is refused),
     ``PRECISIONS`` (the precisions encode takes; default btlib.precision.ENCODE_PRECISIONS) and ``WHO`` (the
     model's name in the error for one it lacks).
     """
@@ -85,34 +88,6 @@ class Encoder(Protocol):
     max_length: int
 
     def encode(self, texts: Sequence[Item], *, batch_size: int, precision: str | None) -> Tensor: ...
-
-
-Item = str | tuple[str, str]  # a text, or a (query, text) pair
-
-
-def check_items(texts: object) -> list[Item]:
-    """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else,
-    ValueError for a text that is not Unicode (a lone surrogate, btlib.pretrained.encoding.check_text)."""
-    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-        raise TypeError("texts must be a list of str (or of (str, str) pairs); wrap a single text in a list")
-    out = []
-    for i, t in enumerate(texts):
-        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
-            t = tuple(t)
-        elif not isinstance(t, str):
-            raise TypeError(f"texts must be a list of str (or of (str, str) pairs); texts[{i}] is {type(t).__name__} {t!r:.40}")
-        out.append(t)
-    check_texts(out)  # a lone surrogate: ValueError here, at submit, not an error for the whole batch it would join
-    return out
-
-
-@dataclass
-class _Request:
-    texts: list[Item]
-    tokens: int
-    arrival: float  # time.perf_counter() at submit
-    future: Future
-    prompt_name: str | None = None  # None: the folder's default prompt, as encode without one
 
 
 def _positive(name: str, value, kind=int, allow_zero: bool = False) -> None:
@@ -150,7 +125,8 @@ class BatchEncoder:
         self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1e3, max_queue
         self.max_batch_requests = max_batch_requests
         self.stats = BatcherStats()
-        self._queue: deque[_Request] = deque()
+        self._queue: deque[Request] = deque()
+        self._runs_tokens = runs_tokens(model)
         self._queued_texts = 0
         self._queued_tokens = 0
         self._closed = False
@@ -159,34 +135,15 @@ class BatchEncoder:
         self._worker.start()
 
     # -- callers -----------------------------------------------------------------------------
-    def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> list[int]:
-        """Tokens per text (pair) as the model will see them, its prompt included (``prompt_name``, else the folder's
-        default prompt); truncate=False raises InputTooLong for one past ``max_length`` with its prompt.
-        ValueError for a prompt_name the model does not have."""
-        texts = list(texts)
-        if hasattr(self.model, "encodings"):
-            encodings = self.model.encodings(texts, prompt_name=prompt_name)
-        elif prompt_name is not None:
-            raise ValueError(f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out")
-        else:
-            encodings = self.model.tokenizer.encode_batch(texts)
-        if not truncate:
-            long = [i for i, e in enumerate(encodings) if e.overflowing]
-            if long:
-                what = "(query, text) pair" if isinstance(texts[long[0]], tuple) else "input"
-                prompt = self._prompt_note(prompt_name)
-                raise InputTooLong(f"{what} {long[0]} has more than {self.model.max_length} tokens{prompt}, the most this "
-                                   f"model takes ({len(long)} such inputs); shorten it or allow truncation")
-        return [len(e.ids) for e in encodings]
+    def tokenize(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Tokens:
+        """``texts`` tokenized once, as the model will run them, its prompt included (``prompt_name``, else the folder's
+        default prompt): what :meth:`submit` queues. truncate=False raises InputTooLong for one past ``max_length``
+        with its prompt. ValueError for a prompt_name the model does not have (btlib.serve.queue.tokenize)."""
+        return tokenize(self.model, list(texts), truncate=truncate, prompt_name=prompt_name)
 
-    def _prompt_note(self, prompt_name: str | None) -> str:
-        """" with its prompt 'query: ' (3 tokens)" where a prompt applies, else ""."""
-        if not hasattr(self.model, "resolve_prompt"):
-            return ""
-        prompt = self.model.resolve_prompt(None, prompt_name)
-        if not prompt:
-            return ""
-        return f" with its prompt {prompt!r:.60} ({len(self.model.tokenizer.encode(prompt, add_special_tokens=False).ids)} tokens)"
+    def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> list[int]:
+        """Tokens per text (pair) as the model will see them, its prompt included: :meth:`tokenize`'s lengths."""
+        return self.tokenize(texts, truncate=truncate, prompt_name=prompt_name).lengths()
 
     def submit(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Future:
         """Queue ``texts`` (a list of str, or of (str, str) pairs); returns a Future of their (len(texts), d) float32 rows.
@@ -209,7 +166,8 @@ class BatchEncoder:
         if not texts:
             future.set_result(self.model.encode([], batch_size=1, precision=self.precision))
             return future
-        tokens = future.tokens = sum(self.count_tokens(texts, truncate=truncate, prompt_name=prompt_name))
+        ids = self.tokenize(texts, truncate=truncate, prompt_name=prompt_name)  # the one tokenization: it runs
+        tokens = future.tokens = sum(ids.lengths())
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEncoder is closed")
@@ -217,7 +175,7 @@ class BatchEncoder:
                 self.stats.refuse()
                 raise Overloaded(f"queue full: {self._queued_texts} texts waiting (max_queue={self.max_queue}); retry later",
                                  self._retry_after_s())
-            self._queue.append(_Request(texts, tokens, time.perf_counter(), future, prompt_name))
+            self._queue.append(Request(texts, tokens, time.perf_counter(), future, prompt_name, ids))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
             self.stats.accepted(len(texts))
@@ -270,19 +228,9 @@ class BatchEncoder:
         return self._queued_tokens >= self.max_batch_tokens or (
             self.max_batch_requests is not None and len(self._queue) >= self.max_batch_requests)
 
-    def _take(self) -> list[_Request]:
+    def _take(self) -> list[Request]:
         """The oldest request, then later ones that fit the remaining budget, in arrival order (lock held)."""
-        head = self._queue.popleft()
-        batch, budget, rest = [head], self.max_batch_tokens - head.tokens, deque()
-        while self._queue:
-            r = self._queue.popleft()
-            room = self.max_batch_requests is None or len(batch) < self.max_batch_requests
-            if room and r.tokens <= budget:
-                batch.append(r)
-                budget -= r.tokens
-            else:
-                rest.append(r)
-        self._queue = rest
+        batch, self._queue = take(self._queue, self.max_batch_tokens, self.max_batch_requests)
         self._queued_texts -= sum(len(r.texts) for r in batch)
         self._queued_tokens -= sum(r.tokens for r in batch)
         return batch
@@ -300,21 +248,26 @@ class BatchEncoder:
                 batch = self._take()
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
 
-    def _encode(self, batch: list[_Request]) -> list[Tensor]:
-        """Each request's (len(r.texts), d) rows: one ``model.encode`` per prompt in the batch (encode puts one prompt
-        before all its texts), so a batch of one prompt, the usual case, is one forward."""
-        groups: dict[str | None, list[_Request]] = {}
+    def _encode(self, batch: list[Request]) -> list[Tensor]:
+        """Each request's (len(r.texts), d) rows: one forward per prompt in the batch (encode puts one prompt before all
+        its texts), so a batch of one prompt, the usual case, is one forward: ``encode_tokens`` of the ids tokenized
+        at submit, packed together (else ``encode`` of the texts)."""
+        groups: dict[str | None, list[Request]] = {}
         for r in batch:
             groups.setdefault(r.prompt_name, []).append(r)
         rows: dict[int, Tensor] = {}
         for name, requests in groups.items():
-            texts = [t for r in requests for t in r.texts]
-            prompt = {} if name is None else {"prompt_name": name}
-            emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision, **prompt)  # (len(texts), d)
+            if self._runs_tokens:
+                ids = Tokens.join([r.ids for r in requests])
+                emb = self.model.encode_tokens(ids, batch_size=len(ids), precision=self.precision)  # (len(ids), d)
+            else:
+                texts = [t for r in requests for t in r.texts]
+                prompt = {} if name is None else {"prompt_name": name}
+                emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision, **prompt)
             rows.update(zip(map(id, requests), emb.split([len(r.texts) for r in requests])))
         return [rows[id(r)] for r in batch]
 
-    def _run_batch(self, batch: list[_Request]) -> None:
+    def _run_batch(self, batch: list[Request]) -> None:
         """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
         submit did not catch fails only the request that sent it, not every request that shared its batch."""
         if not batch:

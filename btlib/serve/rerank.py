@@ -28,6 +28,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ..pretrained.encoding import Tokens
+
 __all__ = ["PairScorer", "rank_scores", "is_reranker_folder"]
 
 
@@ -35,7 +37,8 @@ class PairScorer:
     """A :class:`btlib.pretrained.reranker.Reranker` with num_labels 1 as a BatchEncoder's model.
 
     tokenizer, max_length: the reranker encoder's (pairs truncated longest-first to max_length).
-    encode(pairs, batch_size=, precision=) -> (len(pairs), 1) float32 logits: ``predict(activation="identity")``.
+    encode(pairs, batch_size=, precision=) -> (len(pairs), 1) float32 logits: ``predict(activation="identity")``;
+    tokens(pairs) and encode_tokens(tokens, ...): the same, tokenized once (what the batcher runs).
     scores_pairs: how create_app tells a reranker's batcher from an embedding model's (a wrapper may forward it).
     """
 
@@ -55,6 +58,18 @@ class PairScorer:
         if not pairs:
             return torch.empty(0, 1)
         logits = self.reranker.predict(pairs, batch_size=batch_size, activation="identity", precision=precision)
+        return logits.unsqueeze(-1)  # (N,) -> (N, 1)
+
+    def tokens(self, pairs: Sequence[tuple[str, str]], *, prompt_name: str | None = None) -> Tokens:
+        """The pairs tokenized once, as predict runs them (the batcher's queue holds them); a cross-encoder takes
+        no prompt."""
+        if prompt_name is not None:
+            raise ValueError(f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out")
+        return self.reranker.tokens(pairs)
+
+    def encode_tokens(self, tokens: Tokens, *, batch_size: int, precision: str | None) -> Tensor:
+        """:meth:`encode` of pairs :meth:`tokens` tokenized: (len(tokens), 1) float32 logits, the same bits."""
+        logits = self.reranker.predict_tokens(tokens, batch_size=batch_size, activation="identity", precision=precision)
         return logits.unsqueeze(-1)  # (N,) -> (N, 1)
 
 

@@ -1,0 +1,115 @@
+"""What the batcher's queue holds: each request tokenized once, at submit, as the model will run it.
+
+    tokens = tokenize(model, ["what is packing?"], truncate=True, prompt_name=None)  # btlib.pretrained.encoding.Tokens
+    sum(tokens.lengths())                 # the request's cost against max_batch_tokens, and its usage
+    model.encode_tokens(Tokens.join([r.tokens for r in batch]), ...)   # the batch, packed from those ids
+
+text-embeddings-inference's router tokenizes a request once and its queue packs input_ids and cu_seq_lengths
+straight from those encodings. So does this one where the model can (:func:`runs_tokens`: btlib's encoders and
+:class:`btlib.serve.rerank.PairScorer` have ``tokens`` and ``encode_tokens``): the ids at submit are the ids that
+run (the prompt in them, its length beside them for a head that leaves it out of the pooling, token types for
+pairs), so the budget counts exactly the tokens a forward sees. Another model (anything with a tokenizer and
+``encode(texts)``) is counted by its tokenizer at submit and tokenizes its texts again in ``encode``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ..pretrained.encoding import Tokens, check_texts
+
+__all__ = ["Item", "InputTooLong", "Request", "check_items", "runs_tokens", "tokenize", "take"]
+
+Item = str | tuple[str, str]  # a text, or a (query, text) pair
+
+
+class InputTooLong(ValueError):
+    """A text has more tokens than the model takes and truncation was not allowed (HTTP 413)."""
+
+
+def check_items(texts: object) -> list[Item]:
+    """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else,
+    ValueError for a text that is not Unicode (a lone surrogate, btlib.pretrained.encoding.check_text)."""
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise TypeError("texts must be a list of str (or of (str, str) pairs); wrap a single text in a list")
+    out = []
+    for i, t in enumerate(texts):
+        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            t = tuple(t)
+        elif not isinstance(t, str):
+            raise TypeError(f"texts must be a list of str (or of (str, str) pairs); texts[{i}] is {type(t).__name__} {t!r:.40}")
+        out.append(t)
+    check_texts(out)  # a lone surrogate: ValueError here, at submit, not an error for the whole batch it would join
+    return out
+
+
+@dataclass
+class Request:
+    texts: list[Item]
+    tokens: int  # what it costs against the budget: sum(ids.lengths())
+    arrival: float  # time.perf_counter() at submit
+    future: Future
+    prompt_name: str | None = None  # None: the folder's default prompt, as encode without one
+    ids: Tokens | None = None  # the texts tokenized at submit: what runs, where the model runs tokens
+
+
+def runs_tokens(model) -> bool:
+    """Whether ``model`` runs from the ids tokenized at submit: it has ``tokens`` and ``encode_tokens``, bound to the
+    object whose ``encode`` it is. A wrapper that overrides ``encode`` (to record, hold or fail a batch) and forwards
+    the rest to a model by ``__getattr__`` would have its own encode skipped: it is run through encode, as before."""
+    encode, run, tokens = (getattr(model, name, None) for name in ("encode", "encode_tokens", "tokens"))
+    owner = getattr(encode, "__self__", None)
+    return callable(run) and callable(tokens) and owner is not None and getattr(run, "__self__", None) is owner \
+        and getattr(tokens, "__self__", None) is owner
+
+
+def tokenize(model, texts: list[Item], *, truncate: bool, prompt_name: str | None) -> Tokens:
+    """``texts`` tokenized once, as ``model`` will run them, the prompt included (``prompt_name``, else the folder's
+    default); truncate=False raises InputTooLong for one past ``max_length`` with its prompt. ValueError for a
+    prompt_name the model does not have. A model that does not run tokens is counted by ``encodings`` (btlib's) or
+    its tokenizer (no prompts then)."""
+    if runs_tokens(model):
+        tokens = model.tokens(texts, prompt_name=prompt_name)
+    else:
+        if hasattr(model, "encodings"):
+            encodings = model.encodings(texts, prompt_name=prompt_name)
+        elif prompt_name is not None:
+            raise ValueError(f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out")
+        else:
+            encodings = model.tokenizer.encode_batch(texts)
+        tokens = Tokens([e.ids for e in encodings], truncated=[bool(e.overflowing) for e in encodings])
+    if not truncate:
+        long = [i for i, cut in enumerate(tokens.truncated) if cut]
+        if long:
+            what = "(query, text) pair" if isinstance(texts[long[0]], tuple) else "input"
+            raise InputTooLong(f"{what} {long[0]} has more than {model.max_length} tokens{_prompt_note(model, prompt_name)}, "
+                               f"the most this model takes ({len(long)} such inputs); shorten it or allow truncation")
+    return tokens
+
+
+def _prompt_note(model, prompt_name: str | None) -> str:
+    """" with its prompt 'query: ' (3 tokens)" where a prompt applies, else ""."""
+    if not hasattr(model, "resolve_prompt"):
+        return ""
+    prompt = model.resolve_prompt(None, prompt_name)
+    if not prompt:
+        return ""
+    return f" with its prompt {prompt!r:.60} ({len(model.tokenizer.encode(prompt, add_special_tokens=False).ids)} tokens)"
+
+
+def take(queue: deque[Request], budget: int, max_requests: int | None) -> tuple[list[Request], deque[Request]]:
+    """(the batch, the requests left): the oldest request, then later ones that fit the remaining token ``budget``
+    (and ``max_requests``), in arrival order. The batch's tokens are within the budget, unless its first request alone
+    is over it: that one runs alone."""
+    head = queue.popleft()
+    batch, budget, rest = [head], budget - head.tokens, deque()
+    while queue:
+        r = queue.popleft()
+        if (max_requests is None or len(batch) < max_requests) and r.tokens <= budget:
+            batch.append(r)
+            budget -= r.tokens
+        else:
+            rest.append(r)
+    return batch, rest
