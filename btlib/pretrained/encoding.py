@@ -76,12 +76,10 @@ class Tokens:
     def __len__(self) -> int:  # texts
         return len(self.ids)
 
-    def lengths(self) -> list[int]:
-        """Tokens per text: what each costs in a forward pass."""
+    def lengths(self) -> list[int]:  # tokens per text: what each costs in a forward pass
         return [len(s) for s in self.ids]
 
-    def __getitem__(self, i: slice) -> "Tokens":
-        """The texts ``i`` (a slice) of these, with the same prompt length."""
+    def __getitem__(self, i: slice) -> "Tokens":  # the texts i (a slice) of these, with the same prompt length
         pick = (lambda x: None if x is None else x[i])
         return Tokens(self.ids[i], pick(self.types), self.prompt_length, pick(self.truncated))
 
@@ -89,8 +87,7 @@ class Tokens:
     def join(parts: Sequence["Tokens"]) -> "Tokens":
         """Several requests' Tokens as one, in order; they must share their prompt length (one prompt per forward)."""
         if len({p.prompt_length for p in parts}) > 1:
-            raise ValueError(f"Tokens of different prompts cannot share a forward (prompt lengths "
-                             f"{sorted({p.prompt_length or 0 for p in parts})}): join each prompt's apart")
+            raise ValueError("Tokens of different prompts cannot share a forward: join each prompt's apart")
         types = None if all(p.types is None for p in parts) else [  # 0 where a part has none, as pack_ids reads None
             t for p in parts for t in (p.types if p.types is not None else ([0] * len(s) for s in p.ids))]
         truncated = None if any(p.truncated is None for p in parts) else [t for p in parts for t in p.truncated]
