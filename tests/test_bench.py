@@ -186,9 +186,9 @@ def test_an_isolated_provider_whose_worker_fails_is_a_row_not_a_crash():
 def test_a_row_above_its_bound_gets_the_bound_measured_again(monkeypatch):
     """A row faster than the cached GEMM rate means the rate was measured while the machine was slower: run()
     measures again (once per process, not into the cache) and holds every row of the run against the higher rate."""
-    from btlib.bench import core
+    from btlib.bench import bounds, core
 
-    monkeypatch.setattr(core, "_REMEASURED", {})
+    monkeypatch.setattr(bounds, "REMEASURED", {})
     calls = []
 
     def fresh():
@@ -206,8 +206,50 @@ def test_a_row_above_its_bound_gets_the_bound_measured_again(monkeypatch):
                      max_runs=1, min_time_s=0)
     assert calls == [1] and all(r["bound_gflops"] == 1e9 for r in rows)
     # a row still above its bound after measuring again is left as it is (the table then shows what is wrong)
-    monkeypatch.setattr(core, "_REMEASURED", {})
+    monkeypatch.setattr(bounds, "REMEASURED", {})
     monkeypatch.setattr("btlib.hardware.measure_rates", lambda: {"fp32_gflops": 1e-12, "bf16_gflops": 1e-12})
     rows = bench.run(toy([bench.Provider("good", lambda x: x["x"] + x["x"])]), save=False, warmup=0, min_runs=1,
                      max_runs=1, min_time_s=0)
     assert all(r["of_bound"] > 1.0 for r in rows)
+
+
+def test_the_protocol_is_defined_once_and_printed_from_its_constants():
+    from btlib.bench import timing as proto
+
+    assert bench.protocol(quick=False) is proto.DEFAULT and bench.protocol(quick=True) is proto.QUICK
+    text = str(proto.DEFAULT)
+    for number in (proto.DEFAULT.rounds, proto.DEFAULT.warmup, proto.DEFAULT.min_calls, proto.DEFAULT.max_calls,
+                   proto.DEFAULT.retry_rounds):
+        assert f"{number} " in text
+    assert f"{proto.NOISE_LIMIT:.0%}" in text and "too noisy to compare here" in text
+    # a warm-up call always, whatever a caller passes
+    assert proto.DEFAULT.timing(warmup=0)["warmup"] == 1
+    calls = []
+    bench.time_fn(lambda: calls.append(1), warmup=0, min_runs=2, max_runs=2, min_time_s=0)
+    assert len(calls) == 3
+
+
+def test_a_noisy_point_is_timed_again_with_longer_trials(monkeypatch):
+    """A point whose rounds disagree by more than NOISE_LIMIT gets retry_rounds more rounds of every provider at that
+    point (trials twice as long); the other points are not run again."""
+    from btlib.bench import core
+    from btlib.bench import timing as proto
+
+    monkeypatch.setattr(core, "protocol", lambda quick=None: proto.Protocol(2, 1, 1, 1, 0.0, 2))
+    seen = []
+    real_run = core.run
+
+    def run(b, **kw):
+        seen.append((tuple(kw.get("x_vals") or b.x_vals), kw.get("min_runs")))
+        rows = real_run(b, **kw)
+        for r in rows:  # point 8 of provider "good": 1 ms in the first round, 5 ms after (noise 400%)
+            if r["x"] == 8 and r["status"] == "ok":
+                r["median_ms"] = 1.0 if len(seen) == 1 else 5.0
+        return rows
+
+    monkeypatch.setattr(core, "run", run)
+    rows = core.run_rounds(toy([bench.Provider("good", lambda x: x["x"] + x["x"])]), save=False)
+    assert seen[0][0] == (4, 8) and seen[1][0] == (4, 8) and seen[2:] == [((8,), 2), ((8,), 2)]
+    row8 = bench.find_row(rows, "good", 8)
+    assert row8["rounds"] == 4 and len(row8["round_medians_ms"]) == 4 and bench.find_row(rows, "good", 4)["rounds"] == 2
+    assert bench.compare(row8, row8).too_noisy  # still noisy: compared as too noisy, never with a factor

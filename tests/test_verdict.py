@@ -47,7 +47,7 @@ def test_slower_is_as_far_from_equal_as_faster():
 
 
 @pytest.mark.parametrize("a, b", [((100, [100, 103]), (102, [102, 104])), ((100, [100, 130]), (120, [120, 121])),
-                                  ((100, [100, 180]), (60, [60, 61]))])
+                                  ((100, [100, 145]), (70, [70, 71]))])
 def test_overlapping_intervals_print_no_factor(a, b):
     """Intervals [t, t (1 + s)] at the larger spread s overlap: the sentence names no factor, whichever row is faster."""
     c = compare(_row("a", a[0], rounds=a[1]), _row("b", b[0], rounds=b[1]))
@@ -101,8 +101,9 @@ def test_rounds_interleave_the_providers_and_rotate_which_goes_first():
                       make_inputs=lambda p: {"t": torch.ones(p["n"])}, reference=lambda x: x["t"].sum(),
                       error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
     rows = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
-    # each provider is called twice per round: once checked against the reference, once timed
-    assert "".join(calls) == "AABBCC" + "BBCCAA" + "CCAABB"
+    # each provider is called three times per round: checked against the reference, warmed up (the protocol's
+    # warm-up call, which warmup=0 cannot remove), timed
+    assert "".join(calls) == "AAABBBCCC" + "BBBCCCAAA" + "CCCAAABBB"
     assert [r["provider"] for r in rows] == ["A", "B", "C"], "rows keep the declared order"
     assert all(len(r["round_medians_ms"]) == 3 for r in rows)
 
@@ -139,3 +140,14 @@ def test_each_padding_free_path_is_a_share_of_its_own_engines_ideal():
     rows = [{"provider": n, "x": 0.5} for n in ("ideal", "ideal_packed")]
     assert ideal_row(rows, "btlib_packed", 0.5)["provider"] == "ideal_packed"
     assert ideal_row(rows, "fastpath_nested", 0.5)["provider"] == "ideal"
+
+
+def test_noise_above_the_limit_is_a_failed_measurement_not_a_verdict():
+    """A spread above 50% (btlib.bench.timing.NOISE_LIMIT) gives no factor, no share, and says to measure again."""
+    noisy = _row("a", 10, rounds=[10, 16])  # next-best round 60% above the best
+    c = compare(noisy, _row("b", 100, rounds=[100, 101]))
+    assert c.too_noisy and not c.clear and c.verdict == "too noisy to compare here"
+    assert str(c) == "too noisy to compare here (noise ±60%: measure on a quiet machine)"
+    assert faster_first(noisy, _row("b", 100), "a", "b") == "a against b: too noisy to compare here (noise ±60%: measure on a quiet machine)"
+    assert share_of_ideal(noisy, _row("ideal", 5)).startswith("too noisy to compare here against the ideal (noise ±60%")
+    assert compare(_row("a", 10, rounds=[10, 15]), _row("b", 100)).verdict == "faster"  # 50% itself is still a verdict

@@ -1,14 +1,15 @@
 """Benchmarks as data and one runner: ``python -m btlib.bench list | run NAME | summary``.
 
-Every module of this package other than the harness (core, report, memory, verdict, __main__) declares
+Every module of this package other than the harness (core, timing, bounds, report, memory, verdict, __main__) declares
 benchmarks; :func:`load_all` imports them all, so a new module is picked up by the CLI.
 """
 
 from .core import (BENCHMARKS, Benchmark, Provider, declare, describe_machine, load_all, quick_mode, results_dir, run, run_rounds,
                    time_fn)
 from .memory import peak_memory
+from .timing import NOISE_LIMIT, Protocol, protocol
 from .report import load_rows, plot, speedups, table
 from .verdict import Comparison, compare, find_row, noise, share_of_ideal
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run", "run_rounds",
-           "time_fn", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]
+           "time_fn", "protocol", "Protocol", "NOISE_LIMIT", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

@@ -25,7 +25,6 @@ import json
 import os
 import pkgutil
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
@@ -33,9 +32,11 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from ..device import describe_machine  # one source for the machine: btlib.device / btlib.hardware
-from ..hardware import int8_gemm_gflops
 from ..quick import quick_mode
 from .memory import peak_memory
+from . import bounds
+from .timing import NOISE_LIMIT, protocol, time_fn
+from .verdict import noise
 
 __all__ = ["Provider", "Benchmark", "run", "run_rounds", "describe_machine", "quick_mode", "results_dir", "time_fn", "BENCHMARKS", "declare",
            "load_all"]
@@ -122,7 +123,7 @@ def declare(bench: Benchmark) -> Benchmark:
     return bench
 
 
-_HARNESS = {"core", "report", "memory", "verdict", "__main__"}  # the modules of btlib.bench that declare nothing
+_HARNESS = {"core", "timing", "bounds", "report", "memory", "verdict", "__main__"}  # the modules of btlib.bench that declare nothing
 
 
 def load_all() -> dict[str, Benchmark]:
@@ -131,38 +132,6 @@ def load_all() -> dict[str, Benchmark]:
         if info.name not in _HARNESS:
             importlib.import_module(f"{__package__}.{info.name}")
     return BENCHMARKS
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_fn(fn: Callable[[], Any], *, device: str = "cpu", warmup: int = 2, min_runs: int = 5,
-            max_runs: int = 50, min_time_s: float = 0.5) -> list[float]:
-    """Times of repeated ``fn()`` calls in ms, after ``warmup`` calls.
-
-    Runs at least ``min_runs`` times and keeps going until ``min_time_s`` has passed or
-    ``max_runs`` is reached. On CUDA each call is bracketed by events (GPU time, no host gaps).
-    """
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times: list[float] = []
-    start_all = time.perf_counter()
-    while len(times) < min_runs or (time.perf_counter() - start_all < min_time_s and len(times) < max_runs):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def _device_of(inputs: dict) -> str:
@@ -184,8 +153,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
     p = {**bench.params, **(bench.quick if quick else {}), **(params or {})}
     xs = list(x_vals if x_vals is not None else p.pop("x_vals", bench.x_vals))
     p.pop("x_vals", None)
-    if quick:
-        timing = {"warmup": 1, "min_runs": 3, "max_runs": 5, "min_time_s": 0.0, **timing}
+    timing = protocol(quick).timing(**timing)  # the one protocol (btlib.bench.timing); a warm-up call always
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -193,7 +161,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
     workers: dict[str, Any] = {}  # isolated provider -> its worker process
     try:
         env = describe_machine()
-        for prec, rate in _REMEASURED.items():  # a bound measured again in this process (see _raise_bounds)
+        for prec, rate in bounds.REMEASURED.items():  # a bound measured again in this process (see bounds.raise_bounds)
             env[f"{prec}_gflops"] = max(env.get(f"{prec}_gflops") or 0.0, rate)
         provs = [pr for pr in bench.providers() if providers is None or pr.name in providers]
         provs = provs[first % len(provs):] + provs[:first % len(provs)] if provs else provs
@@ -239,7 +207,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                                    runs=len(times), gflops=None if flops is None else flops / med / 1e6,
                                    gbps=None if nbytes is None else nbytes / med / 1e6)
                         if row["gflops"] and device == "cpu":
-                            row["bound_gflops"], row["bound_precision"] = _bound(pr.precision, env), pr.precision
+                            row["bound_gflops"], row["bound_precision"] = bounds.bound(pr.precision, env), pr.precision
                             row["of_bound"] = row["gflops"] / row["bound_gflops"] if row["bound_gflops"] else None
                 row["env"] = env
                 rows.append(row)
@@ -249,7 +217,7 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
         for worker in workers.values():
             worker.shutdown()
         torch.set_num_threads(old_threads)
-    _raise_bounds(rows, env if rows else {})
+    bounds.raise_bounds(rows, env if rows else {})
     path = Path(json_path) if json_path else (results_dir() / f"{bench.name}.jsonl" if save and results_dir() else None)
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -295,62 +263,52 @@ def _local(pr: Provider) -> Provider:
     return Provider(**{**pr.__dict__, "isolated": False})
 
 
-def run_rounds(bench: Benchmark, rounds: int = 3, **kwargs) -> list[dict]:
-    """:func:`btlib.bench.run` ``rounds`` times; per (provider, x) the row with the lowest median.
+def run_rounds(bench: Benchmark, rounds: int | None = None, **kwargs) -> list[dict]:
+    """:func:`btlib.bench.run` ``rounds`` times (default: the protocol's, btlib.bench.timing); per (provider, x) the
+    row with the lowest median.
 
     Rounds interleave the providers in time (A B, then B A, ...: round k starts with the k-th
     provider, so none is always timed first after the inputs are built, or always last), and a
     burst of other work lands on one round of each provider rather than on all of one provider's
     repeats; the kept rows are still measured side by side. Each row records how many rounds it is
     the best of (``rounds``) and every round's median (``round_medians_ms``), whose spread
-    :mod:`btlib.bench.verdict` calls noise.
+    :mod:`btlib.bench.verdict` calls noise. A point (x) where a row's noise is above NOISE_LIMIT is run again,
+    every provider, ``retry_rounds`` more rounds with trials twice as long (more calls, more time); a row still
+    above it is compared as "too noisy to compare here" (btlib.bench.verdict).
     """
+    proto = protocol(kwargs.get("quick"))
+    rounds = proto.rounds if rounds is None else rounds
     best: dict[tuple, dict] = {}
     medians: dict[tuple, list[float]] = {}
-    for k in range(rounds):
-        for row in run(bench, first=k, **kwargs):
+
+    def keep(rows: list[dict]) -> None:
+        for row in rows:
             key, kept = (row["provider"], row["x"]), best.get((row["provider"], row["x"]))
             if row["status"] == "ok":
                 medians.setdefault(key, []).append(row["median_ms"])
             faster = row["status"] == "ok" and (kept["status"] != "ok" or row["median_ms"] < kept["median_ms"]) if kept else True
             if faster:
-                best[key] = {**row, "rounds": rounds}
-    return [{**row, "round_medians_ms": medians.get(key, [])} for key, row in best.items()]
+                best[key] = row
 
+    def noisy() -> list:
+        xs = []
+        for key, row in best.items():
+            if row["status"] == "ok" and noise({**row, "round_medians_ms": medians.get(key, [])}) > NOISE_LIMIT and key[1] not in xs:
+                xs.append(key[1])
+        return xs
 
-_REMEASURED: dict[str, float] = {}  # {"fp32" | "bf16": GFLOP/s} measured again in this process by _raise_bounds
-
-
-def _raise_bounds(rows: list[dict], env: dict) -> None:
-    """Where a row ran faster than its bound, the bound is what is wrong: the cached GEMM rate was measured while
-    the machine was slower (a VM's neighbours, a busy moment; measured on this Xeon: the same GEMMs 20-30% apart
-    between two days). Measure this machine's GEMMs again now (once per process, ~3 s, not written to the cache, so
-    a busy moment cannot lower the GEMM choice), keep the higher of the two rates in ``env`` (shared by every row
-    of the run) and hold every row against it again. A row still above 100% after that is left as it is: then
-    the FLOP count or the bound's shapes are wrong, and the table shows it."""
-    over = {r["bound_precision"] for r in rows if (r.get("of_bound") or 0) > 1.0 and r.get("bound_precision") in ("fp32", "bf16")}
-    if not over or not env:
-        return
-    if not over <= set(_REMEASURED):
-        from ..hardware import measure_rates
-
-        fresh = measure_rates()
-        for prec in ("fp32", "bf16"):
-            _REMEASURED[prec] = max(_REMEASURED.get(prec, 0.0), fresh.get(f"{prec}_gflops") or 0.0)
-    for prec in over:
-        env[f"{prec}_gflops"] = max(env.get(f"{prec}_gflops") or 0.0, _REMEASURED[prec])
-    for r in rows:
-        if r.get("bound_gflops") and r.get("gflops"):
-            r["bound_gflops"] = _bound(r["bound_precision"], env)
-            r["of_bound"] = r["gflops"] / r["bound_gflops"] if r["bound_gflops"] else None
-
-
-def _bound(precision: str, env: dict) -> float | None:
-    """This machine's best measured GEMM GFLOP/s (GOP/s for int8) in ``precision``: the rate a provider can at best reach."""
-    if precision == "int8":  # the fastest int8 GEMM measured here: torch._int_mm (btlib.quant's), or a path of btlib.gemm_measure
-        paths = [r for by_M in (env.get("gemm") or {}).get("int8", {}).values() for r in by_M.values()]
-        return max([int8_gemm_gflops(), *paths])
-    return env.get(f"{precision}_gflops")  # the best GEMM rate of that precision over every path (btlib.hardware)
+    for k in range(rounds):
+        keep(run(bench, first=k, **kwargs))
+    total = rounds
+    if (again := noisy()) and proto.retry_rounds and rounds > 1:
+        t = proto.timing(**{k: kwargs[k] for k in ("warmup", "min_runs", "max_runs", "min_time_s") if k in kwargs})
+        longer = {**kwargs, "min_runs": 2 * t["min_runs"], "max_runs": 2 * t["max_runs"], "min_time_s": 2 * t["min_time_s"],
+                  "x_vals": again}
+        for k in range(proto.retry_rounds):
+            keep(run(bench, first=rounds + k, **longer))
+        total += proto.retry_rounds
+    return [{**row, "rounds": total if row["x"] in (again or []) else rounds, "round_medians_ms": medians.get(key, [])}
+            for key, row in best.items()]
 
 
 def _jsonable(v: Any) -> bool:

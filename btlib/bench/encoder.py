@@ -28,7 +28,6 @@ import functools
 import json
 
 import torch
-from torch import nn
 
 from ..kernels import relative_error
 from ..lengths import batch_lengths, encoder_flops

@@ -32,7 +32,6 @@ through their own arenas. The summary says whether it took effect.
 
 from __future__ import annotations
 
-import re
 
 import torch
 import torch.nn.functional as F

@@ -37,7 +37,7 @@ import torch
 
 from ..kernels import get, relative_error
 from ..lengths import attention_flops
-from ..padding import lengths_to_cu_seqlens, pack
+from ..padding import lengths_to_cu_seqlens
 from ..position_bias import PositionBias, alibi_slopes, relative_bucket_table
 from ..reference import reference_attention
 from .attention import dense_qkv

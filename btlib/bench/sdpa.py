@@ -30,7 +30,7 @@ from torch import nn
 
 from ..kernels import relative_error
 from ..lengths import uniform_lengths
-from ..models import BERT_BASE, TINY, EncoderConfig, build_encoder, dense_twin
+from ..models import BERT_BASE, TINY, build_encoder, dense_twin
 from ..models.gpt import GPTConfig, build_gpt, gpt_batch, train_step, with_attention
 from ..padding import lengths_to_padding_mask, pack
 from ..reference import naive_attention, reference_attention

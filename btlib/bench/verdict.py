@@ -21,7 +21,9 @@ Other work only adds time, so a row's time t lies in the interval [t, t (1 + s)]
 to the larger spread s of the two (never below ``floor``, 2%: below that, clock and cache effects
 decide): when the faster row's interval reaches the slower row's time, the intervals overlap and
 the verdict is "no clear difference", printed without a factor, so no factor inside the noise is
-ever quoted. "2x slower" and "2x faster" are the same distance from equal.
+ever quoted. "2x slower" and "2x faster" are the same distance from equal. A spread above NOISE_LIMIT (50%,
+btlib.bench.timing) is a failed measurement, not a wide interval: the verdict is "too noisy to compare here",
+with no factor and no share.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal", "NO_CLEAR_DIFFERENCE"]
+from .timing import NOISE_LIMIT
+
+__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal", "NO_CLEAR_DIFFERENCE", "TOO_NOISY"]
 
 FLOOR = 0.02
 
@@ -44,6 +48,7 @@ def noise(row: dict) -> float:
 
 
 NO_CLEAR_DIFFERENCE = "no clear difference"
+TOO_NOISY = "too noisy to compare here"  # a row's noise above NOISE_LIMIT: a failed measurement, not a verdict
 
 
 @dataclass(frozen=True)
@@ -59,19 +64,29 @@ class Comparison:
     noise: float
 
     @property
+    def too_noisy(self) -> bool:
+        """A row's noise is above NOISE_LIMIT (50%): the rounds disagree by more than half, so nothing is concluded."""
+        return self.noise > NOISE_LIMIT
+
+    @property
     def clear(self) -> bool:
-        """True when the two rows' intervals [t, t (1 + noise)] do not overlap: the faster is faster by more than the noise."""
-        return max(self.ratio, 1.0 / self.ratio) - 1.0 > self.noise  # a ratio of 0.5 is as far from 1 as 2
+        """True when the two rows' intervals [t, t (1 + noise)] do not overlap: the faster is faster by more than the noise
+        (never when the measurement is too noisy)."""
+        return not self.too_noisy and max(self.ratio, 1.0 / self.ratio) - 1.0 > self.noise  # 0.5 is as far from 1 as 2
 
     @property
     def verdict(self) -> str:
-        """"faster", "slower" (a compared with b) or "no clear difference"."""
+        """"faster", "slower" (a compared with b), "no clear difference" or "too noisy to compare here"."""
+        if self.too_noisy:
+            return TOO_NOISY
         if not self.clear:
             return NO_CLEAR_DIFFERENCE
         return "faster" if self.ratio > 1.0 else "slower"
 
     def __str__(self) -> str:
         band = f"noise ±{self.noise:.0%}"
+        if self.too_noisy:
+            return f"{TOO_NOISY} (noise ±{self.noise:.0%}: measure on a quiet machine)"
         if not self.clear:
             return f"{NO_CLEAR_DIFFERENCE} ({band})"  # no factor: one inside the noise says nothing
         times = self.ratio if self.ratio >= 1.0 else 1.0 / self.ratio  # "4.00x slower", not "0.25x slower"
@@ -103,6 +118,8 @@ def share_of_ideal(row: dict, ideal: dict, name: str = "the ideal") -> str:
     "87% of the ideal (noise ±3%)"; "as fast as the ideal within noise (±4%)" where the two intervals overlap
     (on either side); beyond noise above it, a sentence saying that the ideal is too low to be a bound."""
     c = compare(row, ideal)
+    if c.too_noisy:
+        return f"{TOO_NOISY} against {name} (noise ±{c.noise:.0%}: measure on a quiet machine)"
     if not c.clear:
         return f"as fast as {name} within noise (±{c.noise:.0%})"
     if c.ratio < 1:
