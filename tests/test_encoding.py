@@ -11,6 +11,7 @@ import btlib.pretrained.st_modules as st_modules
 from btlib.padding import lengths_to_cu_seqlens, packed_positions, segment_ids, segment_mean, segment_sum
 from btlib.pretrained import ModernBertEncoder, Pooling, PretrainedEncoder
 from btlib.pretrained.encoding import SentenceEncoder, pack_ids
+from btlib.pretrained.tokens import Runner, Tokens, check_text
 
 from model_folder import needs_model
 
@@ -109,3 +110,25 @@ def test_bert_pools_through_the_shared_head(model, monkeypatch, path):
     calls = _spy(monkeypatch)
     assert torch.equal(model.encode(texts, path=path), plain)
     assert [c[0] for c in calls] == [sum(map(len, model.tokenize(texts)))]
+
+
+@needs_model
+def test_a_precision_resolves_once_into_a_runner_every_forward_takes(model, monkeypatch):
+    """encode resolves its precision once (one Runner per call, whatever the batches), and every batch's forward
+    runs that runner's layers; int8 is the int8 twin between fp32 activations, bf16 the bf16 copy."""
+    fp32, bf16, int8 = model.runner("fp32"), model.runner("bf16"), model.runner("int8")
+    assert isinstance(fp32, Runner) and (fp32.precision, fp32.dtype) == ("fp32", torch.float32)
+    assert fp32.layers is model.packed_encoder(torch.float32) and bf16.layers is model.packed_encoder(torch.bfloat16)
+    assert (int8.dtype, int8.layers) == (torch.float32, model.int8_encoder())
+    assert model.runner(None).precision == "fp32"
+    resolved, seen = [], []
+    real_resolve, real_forward = model.resolve_precision, model._forward_packed
+    monkeypatch.setattr(model, "resolve_precision", lambda p, what: resolved.append(p) or real_resolve(p, what))
+    monkeypatch.setattr(model, "_forward_packed", lambda t, r: seen.append(r) or real_forward(t, r))
+    texts = ["a short one", "another", "and a third text", "four"]
+    assert torch.equal(model.encode(texts, batch_size=1), model.encode(texts, batch_size=4))
+    assert resolved == [None, None] and len(seen) == 5 and all(r == seen[0] for r in seen)
+    tokens = model.tokens(texts)
+    assert isinstance(tokens, Tokens) and len(tokens) == 4
+    with pytest.raises(ValueError, match="surrogate|Unicode"):
+        check_text("a\ud800b", "texts[0]")

@@ -132,8 +132,8 @@ def test_bf16_and_int8_track_fp32(tmp_path, variant):
     ids = model.tokenize(TEXTS)
     packed = pack_ids(ids)
     with torch.inference_mode():
-        ref = model._forward_packed(packed, torch.float32, None)  # (total, d)
-        bf16 = model._forward_packed(packed, torch.bfloat16, None).float()
+        ref = model._forward_packed(packed, model.runner("fp32"))  # (total, d)
+        bf16 = model._forward_packed(packed, model.runner("bf16")).float()
     theirs = _hf_bf16_error(folder, ids, ref)
     cos = F.cosine_similarity(bf16, ref).min()
     assert rel(bf16, ref) <= 2 * theirs and cos > 0.999, f"bf16 {rel(bf16, ref):.2e} (transformers {theirs:.2e}), cos {cos:.5f}"

@@ -88,9 +88,9 @@ def _reference(hf, seqs):
     return h[mask.bool()].float()
 
 
-def _forward(model, seqs, dtype=torch.float32, quantized=None):
+def _forward(model, seqs, precision="fp32"):
     with torch.inference_mode():
-        return model._forward_packed(pack_ids(seqs), dtype, quantized).float()  # (total, d)
+        return model._forward_packed(pack_ids(seqs), model.runner(precision)).float()  # (total, d)
 
 
 CASES = {"model": {}, "masked-lm-prefix": {"masked_lm": True}, "gelu-new": {"hidden_act": "gelu_new"}}
@@ -155,7 +155,7 @@ def test_bf16_error_is_within_twice_transformers_own(case):
     model = load_pretrained(path)
     seqs = _seqs(LENGTHS)
     ref = _reference(hf, seqs)
-    ours = _forward(model, seqs, torch.bfloat16)
+    ours = _forward(model, seqs, "bf16")
     theirs = _reference(copy.deepcopy(hf).to(torch.bfloat16), seqs)
     assert rel(ours, ref) <= 2 * rel(theirs, ref), (rel(ours, ref), rel(theirs, ref))
     assert F.cosine_similarity(ours, ref).min() > 0.999

@@ -226,7 +226,7 @@ def _transformers(x: dict) -> list[torch.Tensor]:
 def _packed(x: dict) -> list[torch.Tensor]:
     ours = x["pair"].ours
     with torch.inference_mode():  # the forward encode() runs on each batch (SentenceEncoder's hook), fp32
-        return [ours._forward_packed(tokens, torch.float32, None) for tokens in x["packed"]]  # (total_b, d) each
+        return [ours._forward_packed(tokens, ours.runner("fp32")) for tokens in x["packed"]]  # (total_b, d) each
 
 
 def _real(out: list[torch.Tensor], x: dict) -> torch.Tensor:

@@ -9,89 +9,31 @@
                  whose segment sums and masks are btlib.padding's)
 
 :class:`SentenceEncoder` owns every step but the forward. An architecture supplies what differs:
-``_forward_packed`` (its embeddings and layers on packed tokens), ``_token_types`` (token types or not),
-and where it has them, PyTorch's padded paths (``_forward_padded``), an int8 twin (``int8_encoder``)
+``_forward_packed`` (its embeddings and layers on packed tokens, run by a :class:`Runner`), ``_layers_in`` (the
+layers a precision runs: its own stack in that dtype, or an int8 twin), ``_token_types`` (token types or not),
+and where it has them, PyTorch's padded paths (``_forward_padded``)
 and token id lists as texts (``_check_texts``, ``_prepare``, ``_tokens``); its ``PATHS`` and ``PRECISIONS`` say which.
-The two architectures: btlib.pretrained.architectures.bert (BERT, RoBERTa, XLM-R, DistilBERT on nn.TransformerEncoder)
-and btlib.pretrained.architectures.modernbert_model (ModernBERT). Precision is checked and resolved once per call, here,
-through btlib.precision; the slow-precision warnings name the class (``PretrainedEncoder.encode in bf16``).
+Precision is checked and resolved once per call, here, through btlib.precision, into a :class:`Runner` (the dtype
+and the layers) that every batch's forward takes; the slow-precision warnings name the class
+(``PretrainedEncoder.encode in bf16``).
 Tokenize once, run later (a server's queue): ``tokens(texts)`` -> :class:`Tokens` (ids, types, the prompt's length),
 ``encode_tokens(tokens)`` runs them; ``encode(texts)`` is the two, one batch of texts tokenized at a time.
 """
 
 from __future__ import annotations
 
-import numbers
-import re
-from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..padding import lengths_to_cu_seqlens
-from ..precision import ENCODE_PRECISIONS, check_precision, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
+from ..precision import ENCODE_PRECISIONS, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
 from .st_modules import HasHead
+from .tokens import (PackedTokens, Runner, Tokens, check_encode_args, check_text, check_texts,  # noqa: F401 (encoding's names)
+                     pack_ids)
 
-__all__ = ["SentenceEncoder", "Prompts", "Tokens", "PackedTokens", "pack_ids", "check_encode_args", "check_texts",
+__all__ = ["SentenceEncoder", "Runner", "Prompts", "Tokens", "PackedTokens", "pack_ids", "check_encode_args", "check_texts",
            "check_text"]
-
-
-class PackedTokens(NamedTuple):
-    """One batch of token id lists, packed. ids, types: (total,) int64 (types None: 0 everywhere);
-    cu_seqlens: (B + 1,) int32; max_seqlen: int."""
-
-    ids: Tensor
-    types: Tensor | None
-    cu_seqlens: Tensor
-    max_seqlen: int
-
-
-def pack_ids(ids: list[list[int]], types: list[list[int]] | None = None) -> PackedTokens:
-    """Token id lists (B of them) -> PackedTokens, straight from the tokenizer: no padding is ever made.
-
-    Example: [[101, 7, 102], [101, 102]] -> ids [101, 7, 102, 101, 102], cu_seqlens [0, 3, 5], max_seqlen 3.
-    """
-    cu_seqlens, max_seqlen = lengths_to_cu_seqlens(torch.tensor([len(s) for s in ids], dtype=torch.int64))
-    flat = torch.tensor([t for s in ids for t in s], dtype=torch.int64)  # (total,)
-    tt = None if types is None else torch.tensor([t for s in types for t in s], dtype=torch.int64)
-    return PackedTokens(flat, tt, cu_seqlens, max_seqlen)
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """Texts tokenized as ``encode`` runs them: what :meth:`SentenceEncoder.tokens` gives and ``encode_tokens`` takes.
-
-    ids: token ids per text, special tokens and the prompt in, truncated to max_length (no padding); types: token
-    types per text, or None (0 everywhere, or a family without them); prompt_length: the prompt's tokens at the start
-    of every text, which a Pooling with include_prompt false leaves out (None: no prompt; one prompt for all the
-    texts, as encode puts one before all its texts); truncated: per text, whether max_length cut it.
-    """
-
-    ids: list[list[int]]
-    types: list[list[int]] | None = None
-    prompt_length: int | None = None
-    truncated: list[bool] | None = None
-
-    def __len__(self) -> int:  # texts
-        return len(self.ids)
-
-    def lengths(self) -> list[int]:  # tokens per text: what each costs in a forward pass
-        return [len(s) for s in self.ids]
-
-    def __getitem__(self, i: slice) -> "Tokens":  # the texts i (a slice) of these, with the same prompt length
-        pick = (lambda x: None if x is None else x[i])
-        return Tokens(self.ids[i], pick(self.types), self.prompt_length, pick(self.truncated))
-
-    @staticmethod
-    def join(parts: Sequence["Tokens"]) -> "Tokens":
-        """Several requests' Tokens as one, in order; they must share their prompt length (one prompt per forward)."""
-        if len({p.prompt_length for p in parts}) > 1:
-            raise ValueError("Tokens of different prompts cannot share a forward: join each prompt's apart")
-        types = None if all(p.types is None for p in parts) else [  # 0 where a part has none, as pack_ids reads None
-            t for p in parts for t in (p.types if p.types is not None else ([0] * len(s) for s in p.ids))]
-        truncated = None if any(p.truncated is None for p in parts) else [t for p in parts for t in p.truncated]
-        return Tokens([s for p in parts for s in p.ids], types, parts[0].prompt_length if parts else None, truncated)
 
 
 class Prompts:
@@ -204,9 +146,12 @@ class SentenceEncoder(Prompts, HasHead):
         """Token types per text from the tokenizer's ``encodings`` of ``items``, or None for all-0 (the default)."""
         return None
 
-    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
-        """Last hidden states (total, d) of packed tokens, computed in ``dtype`` (or by ``quantized``, the int8
-        twin from :meth:`int8_encoder`, where precision is "int8")."""
+    def _forward_packed(self, tokens: PackedTokens, runner: Runner) -> Tensor:
+        """Last hidden states (total, d) of packed tokens, by ``runner.layers`` in ``runner.dtype``."""
+        raise NotImplementedError
+
+    def _layers_in(self, precision: str) -> object:
+        """The layers ``precision`` ("fp32", "bf16", or "int8" where it is in ``PRECISIONS``) runs: :class:`Runner`'s."""
         raise NotImplementedError
 
     def _forward_padded(self, ids: list[list[int]], types: list[list[int]] | None, path: str) -> tuple[Tensor, Tensor]:
@@ -214,21 +159,23 @@ class SentenceEncoder(Prompts, HasHead):
         as the head takes them, and cu_seqlens (B + 1,) int32."""
         raise NotImplementedError(f"{type(self).__name__} has no padded path {path!r}")
 
-    def int8_encoder(self) -> nn.Module:
-        """The int8 twin that ``precision="int8"`` runs (where "int8" is in ``PRECISIONS``)."""
-        raise NotImplementedError(f"{type(self).__name__} has no int8 twin")
-
-    def resolve_precision(self, precision: str | None, what: str) -> tuple[torch.dtype, nn.Module | None]:
-        """A checked precision -> (the dtype ``_forward_packed`` runs in, the int8 twin or None); the slow-precision
-        warnings once per ``what`` ("PretrainedEncoder.encode"), pointing at the caller of the method that called this
-        one (encode's caller, Reranker.predict's caller)."""
-        quantized = None
+    def resolve_precision(self, precision: str | None, what: str) -> Runner:
+        """A checked precision -> the :class:`Runner` every forward of the call takes; the slow-precision warnings once
+        per ``what`` ("PretrainedEncoder.encode"), pointing at the caller of the method that called this one (encode's
+        caller, Reranker.predict's caller)."""
         if precision == "int8":
             warn_if_slow_int8(f"{what} in int8", stacklevel=4)
-            quantized, precision = self.int8_encoder(), "fp32"  # int8 inside the linear layers; fp32 in and out
         if precision == "bf16":
             warn_if_slow_bf16(f"{what} in bf16", stacklevel=4)
-        return resolve_dtype(precision), quantized
+        return self.runner(precision)
+
+    def runner(self, precision: str | None) -> Runner:
+        """A checked precision (None, "fp32", "bf16", "auto", or "int8" where the family has it) -> its Runner."""
+        if precision == "int8":  # int8 inside the linear layers; fp32 in and out
+            return Runner("int8", torch.float32, self._layers_in("int8"))
+        dtype = resolve_dtype(precision)
+        name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        return Runner(name, dtype, self._layers_in(name))
 
     # -- the loop ----------------------------------------------------------------------------
     def encode(self, texts: Sequence[str | tuple[str, str]] | Sequence[Sequence[int]], *, batch_size: int = 64,
@@ -259,9 +206,9 @@ class SentenceEncoder(Prompts, HasHead):
         batch_size, path = int(batch_size), self._check_packed(path, precision)
         prompt = self.resolve_prompt(prompt, prompt_name)
         items = self._prepare(texts, prompt)
-        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode")
+        runner = self.resolve_precision(precision, f"{type(self).__name__}.encode")
         batches = (self._tokens(items[i:i + batch_size], prompt) for i in range(0, len(items), batch_size))
-        return self._run(batches, path, dtype, quantized)
+        return self._run(batches, path, runner)
 
     def encode_tokens(self, tokens: Tokens, *, batch_size: int = 64, path: str = "packed",
                       precision: str | None = None) -> Tensor:
@@ -272,8 +219,8 @@ class SentenceEncoder(Prompts, HasHead):
         self._check_path(path)
         precision = check_encode_args(tokens.ids, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
         batch_size, path = int(batch_size), self._check_packed(path, precision)
-        dtype, quantized = self.resolve_precision(precision, f"{type(self).__name__}.encode_tokens")
-        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, dtype, quantized)
+        runner = self.resolve_precision(precision, f"{type(self).__name__}.encode_tokens")
+        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, runner)
 
     @staticmethod
     def _check_packed(path: str, precision: str | None) -> str:
@@ -283,66 +230,17 @@ class SentenceEncoder(Prompts, HasHead):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
         return path
 
-    def _run(self, batches: Iterable[Tokens], path: str, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
+    def _run(self, batches: Iterable[Tokens], path: str, runner: Runner) -> Tensor:
         """The loop: each batch of Tokens packed (or padded, on a padded path), forward, head -> (N, out) float32."""
         out = []
         with torch.inference_mode():
             for t in batches:
                 if path == "packed":
                     packed = pack_ids(t.ids, t.types)
-                    h, cu_seqlens = self._forward_packed(packed, dtype, quantized), packed.cu_seqlens
+                    h, cu_seqlens = self._forward_packed(packed, runner), packed.cu_seqlens
                 else:
                     h, cu_seqlens = self._forward_padded(t.ids, t.types, path)
                 out.append(self.head(h.float(), cu_seqlens, t.prompt_length))  # (total, d) -> (B, out)
         return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
 
 
-def check_encode_args(texts, batch_size: int, path: str, precision: str | None,
-                      precisions: tuple[str, ...] = ENCODE_PRECISIONS, who: str | None = None) -> str | None:
-    """The argument checks every encoder's ``encode`` shares; returns the precision ("bf16" for path='packed_bf16').
-
-    precision: None or one of ``precisions`` (btlib.precision.check_precision; ``who`` names the model in the
-    error for a precision it does not offer). batch_size: a positive Python or numpy integer (numbers.Integral;
-    bool is refused).
-    """
-    check_precision(precision, precisions, who=who)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-    if isinstance(texts, (str, bytes)):
-        raise TypeError("encode takes a list of texts; wrap a single text in a list")
-    if not hasattr(texts, "__len__") or not hasattr(texts, "__getitem__"):
-        raise TypeError(f"encode takes a list of texts; got {type(texts).__name__} (make it a list first)")
-    if path == "packed_bf16":
-        if precision not in (None, "bf16"):
-            raise ValueError(f"path='packed_bf16' is bf16; got precision={precision!r} (use path='packed' with it)")
-        return "bf16"
-    return precision
-
-
-def check_texts(texts: Sequence) -> None:
-    """Every item is a str or a (str, str) pair of Unicode text; TypeError naming the first that is not a str or pair,
-    ValueError for a lone surrogate (:func:`check_text`)."""
-    for i, t in enumerate(texts):
-        if isinstance(t, str):
-            check_text(t, f"texts[{i}]")
-            continue
-        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t):
-            check_text(t[0], f"texts[{i}][0]")
-            check_text(t[1], f"texts[{i}][1]")
-            continue
-        raise TypeError(f"texts[{i}] is {type(t).__name__} {t!r:.40}; encode takes str texts or (str, str) pairs "
-                        "(decode bytes, convert numbers with str(), drop None)")
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def check_text(text: str, name: str) -> None:
-    """ValueError when ``text`` holds a surrogate code point (U+D800-U+DFFF): a str can hold one, but it is not Unicode
-    text (a pair is one code point once decoded), so no tokenizer takes it; the Rust tokenizers raised a TypeError
-    about their input type. It comes from bytes decoded with errors="surrogateescape" or a JSON "\\ud800" escape."""
-    if text.isascii():
-        return
-    if (m := _SURROGATE.search(text)) is not None:
-        raise ValueError(f"{name} holds a lone surrogate (U+{ord(m.group()):04X} at character {m.start()}), which is not "
-                         "Unicode text and no tokenizer takes: decode its bytes with errors='replace' (or drop it)")

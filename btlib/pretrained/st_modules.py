@@ -154,7 +154,6 @@ def _activation(name: object, path: Path) -> nn.Module:
 
 
 def _read_weights(folder: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"

@@ -34,10 +34,10 @@ from ...models.encoder import dense_twin
 from ...packed_encoder import PackedEncoder
 from ...padding import lengths_to_padding_mask, pack, packed_positions, segment_ids
 from ...position_bias import PositionBias
-from ...precision import SlowPrecisionWarning
+from ...precision import SlowPrecisionWarning, resolve_dtype
 from ..folders.checkpoint import (CheckpointError, CheckpointSpec, check_against_spec, read_spec, read_state_dict,
                                  verify_sha256)
-from ..encoding import PackedTokens, SentenceEncoder, pack_ids
+from ..encoding import PackedTokens, Runner, SentenceEncoder, pack_ids
 from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
 from ..folders.st_folder import tokenizer as st_tokenizer
 from ..st_modules import Pooling, SentenceHead
@@ -177,10 +177,14 @@ class PretrainedEncoder(SentenceEncoder, nn.Module):
         tokens = pack_ids(ids, types)
         return self._embed(tokens), tokens.cu_seqlens, tokens.max_seqlen
 
-    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: PackedEncoder | None) -> Tensor:
-        """Embeddings, then the PackedEncoder in ``dtype`` (or the int8 twin): (total, d) in ``dtype``."""
-        x = self._embed(tokens).to(dtype)
-        return (quantized or self.packed_encoder(dtype)).forward_packed(x, tokens.cu_seqlens, tokens.max_seqlen)
+    def _layers_in(self, precision: str) -> PackedEncoder:
+        """The PackedEncoder in ``precision``'s dtype, or for "int8" the int8 twin (:meth:`int8_encoder`)."""
+        return self.int8_encoder() if precision == "int8" else self.packed_encoder(resolve_dtype(precision))
+
+    def _forward_packed(self, tokens: PackedTokens, runner: Runner) -> Tensor:
+        """Embeddings, then the runner's PackedEncoder (in its dtype, or the int8 twin): (total, d) in runner.dtype."""
+        x = self._embed(tokens).to(runner.dtype)
+        return runner.layers.forward_packed(x, tokens.cu_seqlens, tokens.max_seqlen)
 
     def _forward_padded(self, ids: list[list[int]], types: list[list[int]] | None, path: str) -> tuple[Tensor, Tensor]:
         """PyTorch's paths on a right-padded (B, T) batch; the real tokens' states come back packed, so that one

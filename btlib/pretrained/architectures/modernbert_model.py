@@ -40,7 +40,7 @@ from ...packed_encoder import _select_varlen
 from ...kernels.registry import Kernel
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
-from ..encoding import PackedTokens, SentenceEncoder, Tokens, check_text, check_texts, pack_ids
+from ..encoding import PackedTokens, Runner, SentenceEncoder, Tokens, check_text, check_texts, pack_ids
 from ..st_modules import Pooling
 from ..folders.modernbert_config import ModernBertSpec, spec_from_config
 from .modernbert_layers import ModernBertEmbeddings, ModernBertLayer, _norm, rope_tables
@@ -184,17 +184,21 @@ class ModernBertEncoder(SentenceEncoder, nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
             raise ValueError(f"ids must be token ids in [0, vocab_size={self.spec.vocab_size}); "
                              f"got {int(ids.min())} .. {int(ids.max())}")
-        dtype = resolve_dtype(check_precision(precision, PRECISIONS, who="ModernBERT"))
-        return self._forward_packed(PackedTokens(ids, None, cu_seqlens, int(max_seqlen)), dtype, None)
+        precision = check_precision(precision, PRECISIONS, who="ModernBERT")
+        return self._forward_packed(PackedTokens(ids, None, cu_seqlens, int(max_seqlen)), self.runner(precision))
 
-    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: None) -> Tensor:
+    def _layers_in(self, precision: str):
+        """The layers in ``precision``'s dtype (fp32: this module's own; bf16: a converted copy, cached)."""
+        return self._stack(resolve_dtype(precision))
+
+    def _forward_packed(self, tokens: PackedTokens, runner: Runner) -> Tensor:
         """(total, d) float32 last hidden states, computed in ``dtype``. ModernBERT has no token types and no
-        int8 twin ("int8" is not in its PRECISIONS): tokens.types and quantized are None."""
+        int8 twin ("int8" is not in its PRECISIONS): tokens.types is None; runner.layers is the stack in runner.dtype."""
         ids, cu_seqlens, max_seqlen = tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
         positions = packed_positions(cu_seqlens, ids.numel())  # (total,): 0, 1, ... restarting per sequence
         tables = {theta: rope_tables(positions, self.spec.head_dim, theta)
                   for theta in {self.spec.rope_theta(i) for i in range(self.spec.num_layers)}}
-        stack = self._stack(dtype)
+        stack, dtype = runner.layers, runner.dtype
         x = self.embeddings(ids).to(dtype)  # (total, d)
         kernel = self._kernel(stack, x)  # one attention kernel for every layer (inputs checked once, in forward)
         with gemm.planned(dtype, x.shape[0]):  # every linear of the stack has M = total tokens: one GEMM path for all

@@ -53,7 +53,7 @@ from ...kernels.registry import Kernel
 from ...packed_encoder import _select_varlen
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
-from ..encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
+from ..encoding import PackedTokens, Runner, SentenceEncoder, check_texts, pack_ids
 from ..folders.qwen3_config import Qwen3Spec, spec_from_config, tensor_plan
 from ..folders.st_folder import FolderPlan
 from .modernbert_layers import _residual, activation, apply_rope, rope_tables
@@ -174,8 +174,8 @@ class Qwen3Encoder(SentenceEncoder, nn.Module):
         check_cu_seqlens(cu_seqlens, total=ids.numel(), max_seqlen=max_seqlen)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
             raise ValueError(f"ids must be token ids in [0, {self.spec.vocab_size}); got {int(ids.min())} .. {int(ids.max())}")
-        dtype = resolve_dtype(check_precision(precision, PRECISIONS, who=self.WHO))
-        return self._forward_packed(PackedTokens(ids, None, cu_seqlens, int(max_seqlen)), dtype, None)
+        precision = check_precision(precision, PRECISIONS, who=self.WHO)
+        return self._forward_packed(PackedTokens(ids, None, cu_seqlens, int(max_seqlen)), self.runner(precision))
 
     def _stack(self, dtype: torch.dtype) -> _Stack:
         """The layers and final norm in ``dtype``: fp32 shares this module's weights; another dtype is a converted
@@ -186,12 +186,16 @@ class Qwen3Encoder(SentenceEncoder, nn.Module):
             self._copies[dtype] = copy.deepcopy(_Stack(self.layers, self.norm)).to(dtype)
         return self._copies[dtype]
 
-    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: None) -> Tensor:
-        """(total, d) float32 last hidden states, computed in ``dtype`` ("int8" is not in PRECISIONS: quantized is None)."""
+    def _layers_in(self, precision: str):
+        """The layers in ``precision``'s dtype (fp32: this module's own; bf16: a converted copy, cached)."""
+        return self._stack(resolve_dtype(precision))
+
+    def _forward_packed(self, tokens: PackedTokens, runner: Runner) -> Tensor:
+        """(total, d) float32 last hidden states, by runner.layers in runner.dtype."""
         ids, cu_seqlens, max_seqlen = tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
         positions = packed_positions(cu_seqlens, ids.numel())  # (total,): 0, 1, ... restarting per sequence
         rope = rope_tables(positions, self.spec.head_dim, *self.spec.rope)  # cos, sin (total, Dh / 2) float32
-        stack = self._stack(dtype)
+        stack, dtype = runner.layers, runner.dtype
         x = self.embed_tokens(ids).to(dtype)  # (total, d)
         kernel = self._kernel(stack, x)
         with gemm.planned(dtype, x.shape[0]):  # every linear has M = total tokens: one GEMM path for all

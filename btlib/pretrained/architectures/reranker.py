@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .bert import PretrainedEncoder, load_bert
 from ..folders.checkpoint import ROBERTA_LAYOUT, CheckpointError, read_config
-from ..encoding import Tokens, check_encode_args, check_text, pack_ids
+from ..encoding import Runner, Tokens, check_encode_args, check_text, pack_ids
 from ..folders.st_folder import FolderPlan
 
 __all__ = ["Reranker", "load_reranker", "HEADS", "ACTIVATIONS"]
@@ -85,10 +85,10 @@ class Reranker(nn.Module):
         """
         pairs = check_pairs(pairs)
         precision, activation = self._check(pairs, batch_size, precision, activation)
-        dtype, quantized = self.encoder.resolve_precision(precision, "Reranker.predict")
+        runner = self.encoder.resolve_precision(precision, "Reranker.predict")
         step = int(batch_size)
         return self._scores((self.encoder._tokens(pairs[i:i + step], None) for i in range(0, len(pairs), step)),
-                            activation, dtype, quantized)
+                            activation, runner)
 
     def tokens(self, pairs: Sequence[tuple[str, str]]) -> Tokens:
         """``pairs`` tokenized once, as :meth:`predict` runs them (checked as predict checks them): for
@@ -102,9 +102,9 @@ class Reranker(nn.Module):
         if not isinstance(tokens, Tokens) or not len(tokens):
             raise ValueError("predict_tokens takes the Tokens that tokens(pairs) gives, of one pair at least")
         precision, activation = self._check(tokens.ids, batch_size, precision, activation)
-        dtype, quantized = self.encoder.resolve_precision(precision, "Reranker.predict_tokens")
+        runner = self.encoder.resolve_precision(precision, "Reranker.predict_tokens")
         step = int(batch_size)
-        return self._scores((tokens[i:i + step] for i in range(0, len(tokens), step)), activation, dtype, quantized)
+        return self._scores((tokens[i:i + step] for i in range(0, len(tokens), step)), activation, runner)
 
     def _check(self, pairs: Sequence, batch_size: int, precision: str | None, activation: str | None) -> tuple:
         """predict's argument checks: (the precision, the activation to apply)."""
@@ -116,13 +116,13 @@ class Reranker(nn.Module):
             raise ValueError("activation='softmax' over one label is 1 for every pair; use 'sigmoid' or 'identity'")
         return precision, activation
 
-    def _scores(self, batches: Iterable[Tokens], activation: str, dtype: torch.dtype, quantized: nn.Module | None) -> Tensor:
+    def _scores(self, batches: Iterable[Tokens], activation: str, runner: Runner) -> Tensor:
         """Each batch packed, forward, the head on each pair's first token; then the activation."""
         out = []
         with torch.inference_mode():
             for t in batches:
                 tokens = pack_ids(t.ids, t.types)
-                h = self.encoder._forward_packed(tokens, dtype, quantized)  # (total, d)
+                h = self.encoder._forward_packed(tokens, runner)  # (total, d)
                 out.append(self.logits(h[tokens.cu_seqlens[:-1].long()].float()))  # first token of each pair: (B, d)
         scores = torch.cat(out)  # (N, num_labels)
         if activation == "softmax":

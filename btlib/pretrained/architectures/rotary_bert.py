@@ -39,7 +39,7 @@ from ...packed_encoder import _select_varlen
 from ...padding import check_cu_seqlens, packed_positions
 from ...precision import PRECISIONS, check_precision, resolve_dtype
 from ..folders.checkpoint import CheckpointError, read_config, read_state_dict, verify_sha256
-from ..encoding import PackedTokens, SentenceEncoder, check_texts, pack_ids
+from ..encoding import PackedTokens, Runner, SentenceEncoder, check_texts, pack_ids
 from .modernbert_layers import _residual, activation, apply_rope, rope_tables
 from ..folders.rotary_bert_config import Piece, RotaryBertSpec, spec_from_config, tensor_plan
 from ..folders.st_folder import FolderPlan, passes_token_types, special_ids
@@ -154,8 +154,8 @@ class RotaryBertEncoder(SentenceEncoder, nn.Module):
         if types is not None and (types.shape != ids.shape or types.numel() and not (
                 0 <= int(types.min()) and int(types.max()) < n_types)):
             raise ValueError(f"types must be (total,) token type ids in [0, {self.spec.type_vocab_size}) like ids")
-        dtype = resolve_dtype(check_precision(precision, PRECISIONS, who=self.WHO))
-        return self._forward_packed(PackedTokens(ids, types, cu_seqlens, int(max_seqlen)), dtype, None)
+        precision = check_precision(precision, PRECISIONS, who=self.WHO)
+        return self._forward_packed(PackedTokens(ids, types, cu_seqlens, int(max_seqlen)), self.runner(precision))
 
     def _layers(self, dtype: torch.dtype) -> nn.ModuleList:
         """The layers in ``dtype``: fp32 shares this module's weights; another dtype is a converted copy, cached."""
@@ -165,13 +165,17 @@ class RotaryBertEncoder(SentenceEncoder, nn.Module):
             self._copies[dtype] = copy.deepcopy(self.layers).to(dtype)
         return self._copies[dtype]
 
-    def _forward_packed(self, tokens: PackedTokens, dtype: torch.dtype, quantized: None) -> Tensor:
-        """(total, d) float32 last hidden states, computed in ``dtype`` ("int8" is not in PRECISIONS: quantized is None)."""
+    def _layers_in(self, precision: str):
+        """The layers in ``precision``'s dtype (fp32: this module's own; bf16: a converted copy, cached)."""
+        return self._layers(resolve_dtype(precision))
+
+    def _forward_packed(self, tokens: PackedTokens, runner: Runner) -> Tensor:
+        """(total, d) float32 last hidden states, by runner.layers in runner.dtype."""
         ids, cu_seqlens, max_seqlen = tokens.ids, tokens.cu_seqlens, tokens.max_seqlen
         positions = packed_positions(cu_seqlens, ids.numel())  # (total,): 0, 1, ... restarting per sequence
         base, divisor = self.spec.rope
         rope = rope_tables(positions, self.spec.head_dim, base, divisor)
-        layers = self._layers(dtype)
+        layers, dtype = runner.layers, runner.dtype
         x = self.embeddings(ids, tokens.types).to(dtype)  # (total, d)
         kernel = self._kernel(layers, x)
         with gemm.planned(dtype, x.shape[0]):  # every linear has M = total tokens: one GEMM path for all

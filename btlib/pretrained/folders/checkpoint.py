@@ -72,7 +72,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 __all__ = ["MODEL_TYPES", "CheckpointSpec", "read_spec", "read_state_dict", "verify_sha256", "layer_keys", "CheckpointError"]
