@@ -216,6 +216,9 @@ def test_a_row_above_its_bound_gets_the_bound_measured_again(monkeypatch):
 def test_the_protocol_is_defined_once_and_printed_from_its_constants():
     from btlib.bench import timing as proto
 
+    import doctest
+
+    assert doctest.testmod(proto).failed == 0  # the docstring shows the default protocol as it prints
     assert bench.protocol(quick=False) is proto.DEFAULT and bench.protocol(quick=True) is proto.QUICK
     text = str(proto.DEFAULT)
     for number in (proto.DEFAULT.rounds, proto.DEFAULT.warmup, proto.DEFAULT.min_calls, proto.DEFAULT.max_calls,

@@ -2,7 +2,7 @@
 
     >>> from btlib.bench.timing import protocol
     >>> print(protocol(quick=False))          # doctest: +NORMALIZE_WHITESPACE
-    3 interleaved rounds per point; each round: 1 warm-up call, then at least 5 timed calls and 0.5 s (at most
+    2 interleaved rounds per point; each round: 1 warm-up call, then at least 5 timed calls and 0.3 s (at most
     50 calls); a row keeps its best round's median; noise is the next-best round over the best; a point whose
     noise is above 50% gets 2 more rounds with trials twice as long, and if it stays above, its comparisons
     read "too noisy to compare here"
@@ -64,7 +64,7 @@ class Protocol:
                 f"(at most {self.max_calls} calls); {keep}; {retry}")
 
 
-DEFAULT = Protocol(rounds=3, warmup=1, min_calls=5, max_calls=50, min_trial_s=0.5, retry_rounds=2)
+DEFAULT = Protocol(rounds=2, warmup=1, min_calls=5, max_calls=50, min_trial_s=0.3, retry_rounds=2)
 QUICK = Protocol(rounds=1, warmup=1, min_calls=3, max_calls=5, min_trial_s=0.0, retry_rounds=0)
 
 
