@@ -101,9 +101,9 @@ def test_rounds_interleave_the_providers_and_rotate_which_goes_first():
                       make_inputs=lambda p: {"t": torch.ones(p["n"])}, reference=lambda x: x["t"].sum(),
                       error=lambda out, ref, x: float((out - ref).abs()), tol=0.0)
     rows = run_rounds(bench, rounds=3, save=False, warmup=0, min_runs=1, max_runs=1, min_time_s=0.0)
-    # each provider is called three times per round: checked against the reference, warmed up (the protocol's
-    # warm-up call, which warmup=0 cannot remove), timed
-    assert "".join(calls) == "AAABBBCCC" + "BBBCCCAAA" + "CCCAAABBB"
+    # each provider is called twice per round: checked against the reference (which is the protocol's warm-up
+    # call: warmup=0 cannot remove it), then timed
+    assert "".join(calls) == "AABBCC" + "BBCCAA" + "CCAABB"
     assert [r["provider"] for r in rows] == ["A", "B", "C"], "rows keep the declared order"
     assert all(len(r["round_medians_ms"]) == 3 for r in rows)
 

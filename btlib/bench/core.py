@@ -201,7 +201,8 @@ def run(bench: Benchmark, *, quick: bool | None = None, threads: int | None = No
                     else:
                         if bench.memory:
                             row["peak_mib"] = peak_memory(lambda: pr.fn(pin), device) / 2**20
-                        times = time_fn(lambda: pr.fn(pin), device=device, **timing)
+                        # the check call just ran (and the memory replay, if any): the first of the warm-up calls
+                        times = time_fn(lambda: pr.fn(pin), device=device, warmed=1 + bench.memory, **timing)
                         med = statistics.median(times)
                         row.update(status="ok", error=err if pr.checked else None, median_ms=med, min_ms=min(times), max_ms=max(times),
                                    runs=len(times), gflops=None if flops is None else flops / med / 1e6,

@@ -2,10 +2,10 @@
 
     >>> from btlib.bench.timing import protocol
     >>> print(protocol(quick=False))          # doctest: +NORMALIZE_WHITESPACE
-    2 interleaved rounds per point; each round: 1 warm-up call, then at least 5 timed calls and 0.3 s (at most
-    50 calls); a row keeps its best round's median; noise is the next-best round over the best; a point whose
-    noise is above 50% gets 2 more rounds with trials twice as long, and if it stays above, its comparisons
-    read "too noisy to compare here"
+    2 interleaved rounds per point; each round: 1 warm-up call (the call checked against the reference is the
+    first), then at least 5 timed calls and 0.3 s (at most 50 calls); a row keeps its best round's median; noise
+    is the next-best round over the best; a point whose noise is above 50% gets 2 more rounds with trials twice
+    as long, and if it stays above, its comparisons read "too noisy to compare here"
 
 Why each part: rounds interleave the providers in time (round k starts with the k-th provider), so a burst of
 someone else's work lands on one round of each rather than on all of one provider's calls; the warm-up call
@@ -60,7 +60,8 @@ class Protocol:
         retry = (f"a point whose noise is above {NOISE_LIMIT:.0%} gets {self.retry_rounds} more rounds with trials twice "
                  "as long, and if it stays above, its comparisons read \"too noisy to compare here\"" if self.retry_rounds else
                  f"noise above {NOISE_LIMIT:.0%} reads \"too noisy to compare here\"")
-        return (f"{rounds}; each round: {self.warmup} warm-up call{'s' * (self.warmup != 1)}, then {trial} "
+        warm = f"{self.warmup} warm-up call{'s' * (self.warmup != 1)} (the call checked against the reference is the first)"
+        return (f"{rounds}; each round: {warm}, then {trial} "
                 f"(at most {self.max_calls} calls); {keep}; {retry}")
 
 
@@ -79,13 +80,14 @@ def _sync(device: str) -> None:
 
 
 def time_fn(fn: Callable[[], Any], *, device: str = "cpu", warmup: int = DEFAULT.warmup, min_runs: int = DEFAULT.min_calls,
-            max_runs: int = DEFAULT.max_calls, min_time_s: float = DEFAULT.min_trial_s) -> list[float]:
+            max_runs: int = DEFAULT.max_calls, min_time_s: float = DEFAULT.min_trial_s, warmed: int = 0) -> list[float]:
     """Times of repeated ``fn()`` calls in ms, after ``warmup`` calls (at least one).
 
+    warmed: calls of ``fn`` made just before (btlib.bench.run's check call), which count towards the warm-up.
     Runs at least ``min_runs`` times and keeps going until ``min_time_s`` has passed or
     ``max_runs`` is reached. On CUDA each call is bracketed by events (GPU time, no host gaps).
     """
-    for _ in range(max(1, warmup)):
+    for _ in range(max(1, warmup) - max(0, warmed)):
         fn()
     _sync(device)
     times: list[float] = []
