@@ -114,7 +114,16 @@ def test_plot(tmp_path):
     rows = bench.run(toy([bench.Provider("good", lambda x: x["x"] * 2), bench.Provider("also", lambda x: 2 * x["x"])]),
                      quick=True)
     ax = bench.plot(rows, baseline="good", ideal={4: 1.0, 8: 1.0})
-    assert len(ax.lines) == 3 and "speedup" in ax.get_ylabel()
+    assert len([ln for ln in ax.lines if not ln.get_label().startswith("_")]) == 3 and "speedup" in ax.get_ylabel()
+    # every provider's points carry error bars: the spread of the rows, widened by the baseline's for a speedup
+    from matplotlib.container import ErrorbarContainer
+
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2
+    noisy = [{**r, "median_ms": 10.0, "min_ms": 10.0, "round_medians_ms": [10.0, 12.0]} for r in rows]
+    ax = bench.plot(noisy)  # times: the bar spans [t, t (1 + noise)] = [10, 12]
+    seg = [c for c in ax.containers if isinstance(c, ErrorbarContainer)][0].lines[2][0].get_segments()[0]
+    assert tuple(seg[:, 1]) == pytest.approx((10.0, 12.0))
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("", False), ("no", False)])

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .verdict import noise
+
 __all__ = ["table", "plot", "load_rows", "speedups"]
 
 
@@ -58,11 +60,24 @@ def table(rows: Sequence[dict], baseline: str | None = None) -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
+def _band(row: dict, metric: str, base: dict | None) -> tuple[float, float]:
+    """(low, high) as multiples of the plotted value: the row's time lies in [t, t (1 + noise)] (other work only adds
+    time), a rate in [r / (1 + noise), r], a speedup over ``base`` in [1 / (1 + n_row), 1 + n_base]."""
+    n = noise(row)
+    if base is not None:
+        return 1.0 / (1.0 + n), 1.0 + noise(base)
+    if metric in ("median_ms", "min_ms"):
+        return 1.0, 1.0 + n
+    return 1.0 / (1.0 + n), 1.0
+
+
 def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | None = None, ax=None,
          title: str | None = None, logy: bool = False, ideal: dict | None = None, ideal_label: str = "ideal"):
     """Plot one benchmark's rows: x axis against ``metric`` (or speedup over ``baseline``) per provider.
 
     ideal: optional {x: value} drawn as a dashed line labelled ``ideal_label`` (e.g. 1 / (1 - p)).
+    Every point carries an error bar: the row's spread (btlib.bench.verdict.noise): a time lies in [t, t (1 + s)],
+    so a rate or a speedup over ``baseline`` spans what the two rows' intervals allow.
     Each provider takes its colour and line style from btlib.diagrams.method_style: the same in every plot.
     Returns the matplotlib Axes.
     """
@@ -74,12 +89,17 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
         _, ax = plt.subplots(figsize=(6.4, 4))
     ok = [r for r in rows if r["status"] == "ok"]
     sp = speedups(ok, baseline) if baseline else None
+    base = {(r["benchmark"], r["x"]): r for r in ok if r["provider"] == baseline} if baseline else {}
     for prov in dict.fromkeys(r["provider"] for r in ok):
-        pts = [(r["x"], sp[(r["benchmark"], prov, r["x"])] if sp else r[metric]) for r in ok
-               if r["provider"] == prov and (not sp or (r["benchmark"], prov, r["x"]) in sp)]
+        pts = [(r["x"], sp[(r["benchmark"], prov, r["x"])] if sp else r[metric], _band(r, metric, base.get((r["benchmark"], r["x"]))))
+               for r in ok if r["provider"] == prov and (not sp or (r["benchmark"], prov, r["x"]) in sp)]
         if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=prov, **method_style(prov))
+            xs, ys, bands = zip(*pts)
+            line, = ax.plot(xs, ys, label=prov, **method_style(prov))
+            lo = [y * b[0] for y, b in zip(ys, bands)]  # the spread as an error bar: where the time may lie
+            hi = [y * b[1] for y, b in zip(ys, bands)]
+            ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]], fmt="none",
+                        ecolor=line.get_color(), elinewidth=1.2, capsize=3, alpha=0.7)
     if ideal:
         ax.plot(list(ideal), list(ideal.values()), "k--", label=ideal_label)
     if ok:
