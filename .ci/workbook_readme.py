@@ -46,7 +46,11 @@ SETUP_ID = "colab-setup"
 MEASURES = "measures"
 TABLE = "notebook table"
 FAMILIES = "model families"
+PROTOCOL = "protocol"
 TIME_HEADER = "run time, default / quick sizes, on the machine under [What it measures](#what-it-measures)"
+READING_HEADER = "reading time"
+# a first read, not the exercises: prose at 200 words a minute, code at 15 lines a minute, printed output at 30
+PROSE_WPM, CODE_LPM, OUTPUT_LPM = 200, 15, 30
 
 
 class ReadmeError(Exception):
@@ -70,6 +74,7 @@ class Summary:
     run_seconds: ``metadata.btlib.run_seconds`` ({} if never recorded);
     family_speeds: family -> "2.72x faster (noise ±7%); FLOP prediction 2.95x; 12 x 768, FFN 3072", from a cell tagged
     ``families`` (:func:`family_speeds`; {} where the notebook has none).
+    reading_minutes: :func:`reading_minutes` of the notebook.
     """
 
     number: str
@@ -81,6 +86,7 @@ class Summary:
     run_seconds: dict = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     family_speeds: dict = field(default_factory=dict)
+    reading_minutes: float = 0.0
 
 
 def _stdout(cell) -> tuple[str, list[str]]:
@@ -120,9 +126,13 @@ def factors_inside_noise(text: str) -> list[str]:
     A factor f with noise n is clear when f - 1 > n (btlib.bench.verdict: the rows' intervals do not overlap).
     Both are printed rounded, so a phrase is refused only where no rounding makes it clear: f - 1 <= n - 2 x 0.005
     ("1.02x faster (noise ±3%)"); a share p of an ideal is the factor 1 / p. A factor beside "within noise" or
-    "no clear difference" is refused outright ("equal within noise (0.94x, noise ±11%)").
+    "no clear difference" is refused outright ("equal within noise (0.94x, noise ±11%)"), and so is any phrase
+    beside a noise above 50% (btlib.bench.timing.NOISE_LIMIT: a failed measurement) unless it says "too noisy".
     """
     found = [m.group(0) for m in re.finditer(_UNCLEAR, text)]
+    for m in re.finditer(r"noise ±(\d+(?:\.\d+)?)%", text):  # a verdict beside noise above 50%: a failed measurement
+        if float(m[1]) > 50 and "too noisy" not in text[max(0, m.start() - 60):m.start()]:
+            found.append(text[max(0, m.start() - 40):m.end() + 1].strip())
     for m in re.finditer(_FACTOR, text):
         if float(m[1]) - 1 <= float(m[2]) / 100 - 2 * _ROUNDING + 1e-9:  # 1e-9: 1.02 - 1 is 0.020000000000000018
             found.append(m.group(0))
@@ -131,6 +141,15 @@ def factors_inside_noise(text: str) -> list[str]:
         if share > _ROUNDING and 1 / (share - _ROUNDING) - 1 <= float(m[2]) / 100 - _ROUNDING + 1e-9:
             found.append(m.group(0))
     return found
+
+
+def reading_minutes(nb) -> float:
+    """A first read of the notebook, in minutes: its markdown at PROSE_WPM words a minute, its code at CODE_LPM
+    non-blank lines a minute and its printed output at OUTPUT_LPM lines a minute."""
+    prose = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    code = sum(1 for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines() if line.strip())
+    printed = sum(len(_stdout(c)[0].splitlines()) for c in nb.cells if c.cell_type == "code")
+    return prose / PROSE_WPM + code / CODE_LPM + printed / OUTPUT_LPM
 
 
 def summarize(nb, stem: str) -> Summary:
@@ -167,7 +186,7 @@ def summarize(nb, stem: str) -> Summary:
                   if c.cell_type == "markdown" and c.source.startswith("# ")), stem)
     return Summary(number=stem[:2], stem=stem, title=title, text=text, machine=machine, sizes=sizes,
                    run_seconds=dict(nb.metadata.get("btlib", {}).get("run_seconds", {})), problems=tuple(problems),
-                   family_speeds=speeds)
+                   family_speeds=speeds, reading_minutes=reading_minutes(nb))
 
 
 def family_speeds(printed: str) -> dict[str, str]:
@@ -230,24 +249,43 @@ def render_measures(summaries: list[Summary]) -> str:
     return "\n".join(out)
 
 
+def fmt_minutes(m: float) -> str:
+    """A reading time as the table shows it: to the nearest 5 minutes, at least 5."""
+    return f"{max(5, 5 * round(m / 5))} min"
+
+
 def render_table(table: str, summaries: list[Summary]) -> tuple[str, list[str]]:
-    """The notebook table with its last column (header and run times) rewritten; returns (table, problems)."""
+    """The notebook table with its generated columns (reading time, run time) rewritten after the first three
+    (#, notebook, what you learn), and a closing row with the totals; returns (table, problems)."""
     by_number = {s.number: s for s in summaries}
     rows, seen, problems = [], set(), []
     for line in table.strip().splitlines():
-        head, _ = line.rstrip().rstrip("|").rsplit("|", 1)
-        first = line.strip("| ").split("|", 1)[0].strip()
+        cells = line.strip().strip("|").split("|")
+        first = cells[0].strip()
+        head = "| " + " | ".join(c.strip() for c in cells[:3]) + " |"
         if first == "#":
-            rows.append(f"{head}| {TIME_HEADER} |")
+            rows.append(f"{head} {READING_HEADER} | {TIME_HEADER} |")
+        elif set(first) <= {"-"} and first:
+            rows.append("|---" * 5 + "|")
         elif re.fullmatch(r"\d\d", first):
             seen.add(first)
             if first not in by_number:
                 problems.append(f"README's notebook table has a row {first} but notebooks/ has no {first}_*.ipynb")
                 continue
-            t = by_number[first].run_seconds
-            rows.append(f"{head}| {fmt_seconds(t.get('default'))} / {fmt_seconds(t.get('quick'))} |")
+            s = by_number[first]
+            t = s.run_seconds
+            rows.append(f"{head} {fmt_minutes(s.reading_minutes)} | {fmt_seconds(t.get('default'))} / "
+                        f"{fmt_seconds(t.get('quick'))} |")
+        elif first == "all":
+            continue  # the totals row: written again below
         else:
             rows.append(line.rstrip())
+    if summaries:
+        read = sum(s.reading_minutes for s in summaries)
+        runs = [s.run_seconds.get("default") for s in summaries]
+        quick = [s.run_seconds.get("quick") for s in summaries]
+        total = lambda ts: fmt_seconds(sum(ts)) if all(t is not None for t in ts) else "not all recorded"  # noqa: E731
+        rows.append(f"| all | | every notebook, in order | {read / 60:.1f} h | {total(runs)} / {total(quick)} |")
     for s in summaries:
         if s.number not in seen:
             problems.append(f"{s.stem}: no row in README's notebook table; add `| {s.number} | [title](notebooks/{s.stem}.ipynb) "
@@ -280,8 +318,17 @@ def generate(readme_text: str, summaries: list[Summary]) -> str:
     if problems:
         raise ReadmeError("cannot generate README.md from the committed notebooks:\n  " + "\n  ".join(problems))
     text = _replace(_replace(readme_text, TABLE, table), MEASURES, render_measures(summaries))
+    if markers(PROTOCOL)[0] in text:
+        text = _replace(text, PROTOCOL, render_protocol())
     speeds = {k: v for s in summaries for k, v in s.family_speeds.items()}
     return render_families(text, speeds) if markers(FAMILIES)[0] in text else text  # the tests' small READMEs have none
+
+
+def render_protocol() -> str:
+    """The measurement protocol as btlib.bench.timing defines it, at default and quick sizes (a quoted block)."""
+    from btlib.bench.timing import DEFAULT, QUICK
+
+    return f"> **Default:** {DEFAULT}.\n>\n> **Quick mode** (`BTLIB_QUICK=1`, CI): {QUICK}."
 
 
 def render_families(readme_text: str, speeds: dict[str, str]) -> str:

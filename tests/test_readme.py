@@ -126,7 +126,7 @@ def test_a_new_notebook_appears_once_it_has_a_table_row(tmp_path):
     row = "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | |\n"
     text = wr.generate(README.replace("<!-- END generated: notebook table -->", row + "<!-- END generated: notebook table -->"), wr.load(nbs))
     assert "- **[08 · eight](notebooks/08_eight.ipynb).**" in text
-    assert "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | not recorded / not recorded |" in text
+    assert "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | 5 min | not recorded / not recorded |" in text
 
 
 def test_a_table_row_without_its_notebook_is_refused(tmp_path):
@@ -155,10 +155,20 @@ def test_the_run_time_column_comes_from_the_metadata(tmp_path):
     nbs = write_notebooks(tmp_path / "notebooks", {"01_one": make_nb("01 · One", run_seconds={"default": 151.0, "quick": 12.4}),
                                                    "02_two": make_nb("02 · Two", run_seconds={"quick": 3.0})})
     text = wr.generate(README, wr.load(nbs))
-    assert f"| # | notebook | what you learn | {wr.TIME_HEADER} |" in text
-    assert "| 01 | [one](notebooks/01_one.ipynb) | the first thing | 2.5 min / 12 s |" in text
-    assert "| 02 | [two](notebooks/02_two.ipynb) | the second thing | not recorded / 3 s |" in text
+    assert f"| # | notebook | what you learn | {wr.READING_HEADER} | {wr.TIME_HEADER} |" in text
+    assert "| 01 | [one](notebooks/01_one.ipynb) | the first thing | 5 min | 2.5 min / 12 s |" in text
+    assert "| 02 | [two](notebooks/02_two.ipynb) | the second thing | 5 min | not recorded / 3 s |" in text
+    assert "| all | | every notebook, in order | 0.0 h | not all recorded / 15 s |" in text
     assert "~1 min" not in text and "typed |" not in text
+    assert wr.generate(text, wr.load(nbs)) == text  # generating again changes nothing
+
+
+def test_the_reading_time_counts_prose_code_and_output():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("word " * 400),
+                                         nbformat.v4.new_code_cell("a = 1\n\nb = 2\n" * 15,
+                                                                   outputs=[_stream("line\n" * 60)])])
+    assert wr.reading_minutes(nb) == pytest.approx(400 / wr.PROSE_WPM + 30 / wr.CODE_LPM + 60 / wr.OUTPUT_LPM)
+    assert [wr.fmt_minutes(m) for m in (0.4, 7.4, 7.6, 33)] == ["5 min", "5 min", "10 min", "35 min"]
 
 
 def test_fmt_seconds():
