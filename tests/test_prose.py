@@ -138,3 +138,18 @@ def test_no_committed_output_prints_a_fraction_of_a_bound_above_100_percent(path
 
 def test_the_readme_prints_no_fraction_of_a_bound_above_100_percent():
     assert _over_100((ROOT / "README.md").read_text()) == []
+
+
+ROUNDS_TYPED = re.compile(r"\b(?:[2-9]|two|three|four|five|six|seven|eight|nine|ten|a few|several)\s+(?:interleaved\s+)?rounds?\b"
+                          r"|\bbest of (?:\d+|two|three|four|five) rounds\b|\bat least \d+ (?:timed )?calls\b"
+                          r"|\b\d+ warm-?up calls?\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_number_of_rounds_or_calls_is_typed(path):
+    """The measurement protocol (rounds, warm-up, calls) is defined once, in btlib.bench.timing, and printed by the
+    cells that time: a number of rounds typed in markdown goes stale the day the code changes (issue 37)."""
+    nb = nbformat.read(path, as_version=4)
+    typed = [(i, m.group(0)) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+             for m in ROUNDS_TYPED.finditer(c.source)]
+    assert not typed, f"{path.name}: rounds or calls typed in markdown (print bench.protocol() instead): {typed}"
