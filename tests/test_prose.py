@@ -142,7 +142,8 @@ def test_the_readme_prints_no_fraction_of_a_bound_above_100_percent():
 
 ROUNDS_TYPED = re.compile(r"\b(?:[2-9]|two|three|four|five|six|seven|eight|nine|ten|a few|several)\s+(?:interleaved\s+)?rounds?\b"
                           r"|\bbest of (?:\d+|two|three|four|five) rounds\b|\bat least \d+ (?:timed )?calls\b"
-                          r"|\b\d+ warm-?up calls?\b", re.IGNORECASE)
+                          r"|\b\d+ warm-?up calls?\b"
+                          r"|\bruns? (?:[\w`]+ ){0,3}(?:twice|three times|four times|five times)\b", re.IGNORECASE)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
