@@ -14,9 +14,10 @@ real tokens, so the batcher can form batches by a token budget, as text-embeddin
 Scheduling (one worker thread; TEI's queue with infinity's short wait):
 
 - Batches fill by a token budget, ``max_batch_tokens`` (and at most ``max_batch_requests`` requests).
-  The default, 512, is a CPU budget: MiniLM costs ~3.5 ms per forward plus ~0.1 ms per token in fp32
-  on 2 threads (measured on Zen 5), so a full batch takes ~55 ms, its fixed cost is ~6% of it, and p99
-  stays within a few batch times; TEI's 16384 is a GPU budget (on a CPU it is a 1.6 s batch).
+  The default, 512, is a CPU budget: a forward costs a fixed part plus a part per token (notebook 09 fits
+  both on the machine at hand), and at 512 tokens the per-token part dominates while a full batch stays a
+  few tens of milliseconds on 2 CPU threads, so p99 stays within a few batch times; TEI's 16384 is a GPU
+  budget (on a CPU, a batch of a second or more).
 - A batch waits at most ``max_wait_ms`` after its oldest request arrived for more requests; 0 waits
   nowhere (TEI). The worker is busy during a forward, so under load batches fill without waiting.
 - FIFO with an age bound: every batch starts with the oldest waiting request, then takes the later
