@@ -27,3 +27,21 @@ def client_of(server) -> Iterator[object]:
 
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+
+
+def tiny_modernbert(max_length: int):
+    """A random-weight ModernBERT (2 layers, hidden 32, window 8) with a word-level tokenizer over "w0" .. "w19",
+    truncating at ``max_length``: any loaded encoder's stand-in for the batcher's tests."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from btlib.pretrained import ModernBertEncoder
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(20)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.enable_truncation(max_length)
+    config = dict(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
+                  global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                  cls_token_id=2, sep_token_id=3, max_position_embeddings=64)
+    return ModernBertEncoder.from_config(config, tok, max_length=max_length)

@@ -195,19 +195,9 @@ def test_bad_texts_say_what_to_pass(model):
 
 def test_modernbert_batches_equal_its_encode():
     """The batcher takes any loaded encoder: a random-weight ModernBERT with a word-level tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from serve_helpers import tiny_modernbert
 
-    from btlib.pretrained import ModernBertEncoder
-
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(20)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tok.enable_truncation(64)
-    config = dict(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
-                  global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                  cls_token_id=2, sep_token_id=3, max_position_embeddings=64)
-    mb = ModernBertEncoder.from_config(config, tok, max_length=64)
+    mb = tiny_modernbert(max_length=64)
     texts = [" ".join(f"w{(i * 7 + j) % 20}" for j in range(n)) for i, n in enumerate([1, 30, 5, 97])]
     with BatchEncoder(mb, max_wait_ms=500, max_batch_tokens=10_000) as b:
         out = torch.cat([f.result(30) for f in [b.submit(texts[:2]), b.submit(texts[2:])]])

@@ -157,19 +157,9 @@ def test_encode_is_tokens_then_encode_tokens(folder):
 
 def test_modernbert_encode_is_tokens_then_encode_tokens():
     """ModernBERT takes texts or token id lists: both through tokens / encode_tokens (tests/test_serve_batcher.py's model)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from serve_helpers import tiny_modernbert
 
-    from btlib.pretrained import ModernBertEncoder
-
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(20)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tok.enable_truncation(16)
-    config = dict(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
-                  global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                  cls_token_id=2, sep_token_id=3, max_position_embeddings=64)
-    mb = ModernBertEncoder.from_config(config, tok, max_length=16)
+    mb = tiny_modernbert(max_length=16)
     texts = [" ".join(f"w{(i * 7 + j) % 20}" for j in range(n)) for i, n in enumerate([1, 30, 5, 9])]
     tokens = mb.tokens(texts)
     assert tokens.truncated == [False, True, False, False]
