@@ -237,11 +237,11 @@ def cache_file() -> Path | None:
 
 # Variables that restrict what torch's GEMM libraries may use (README: "what an AVX2-only laptop gets"): rates
 # measured under them are another machine's, so they are part of the cache key.
-ISA_VARS = _ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
+ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
 
 
 def _key(threads: int) -> str:
-    limits = ",".join(f"{v}={os.environ[v]}" for v in _ISA_VARS if os.environ.get(v))
+    limits = ",".join(f"{v}={os.environ[v]}" for v in ISA_VARS if os.environ.get(v))
     facts = f"{_VERSION}|{cpu_name()}|{platform.machine()}|{' '.join(sorted(cpu_flags()))}|{torch.__version__}|{threads}|{limits}"
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
