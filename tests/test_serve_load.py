@@ -113,3 +113,54 @@ def test_serve_load_is_declared_with_every_method_and_the_issue_table():
         "  to this search's resolution (in process 192-256, HTTP 128-192 req/s) the cost lies between 0% and 50%: "
         "more bisections (refine) narrow it"]
     assert b.summary is issue_table
+
+
+def test_a_trial_measures_the_percentile_its_requests_support():
+    from btlib.serve.stats import percentile_interval, supported_percentile
+
+    assert [supported_percentile(n) for n in (500, 499, 100, 99, 50, 10, 9)] == [99, 95, 95, 90, 90, 50, None]
+    values = list(range(1, 101))
+    assert percentile_interval(values, 95) == (90, 100) and percentile_interval([], 95) is None
+    lo, hi = percentile_interval(values, 50)
+    assert lo < 50 < hi and hi - lo <= 22  # a median from 100 values: about +-10 ranks
+    # a low rate's trial lasts until min_requests have arrived; a high rate's keeps its duration
+    assert len(L.poisson_arrivals(10.0, 1.0, seed=1, min_requests=100)) == 100
+    assert len(L.poisson_arrivals(1000.0, 1.0, seed=1, min_requests=100)) > 900
+
+
+def test_max_rate_holds_the_asked_percentile_and_marks_each_trial(monkeypatch):
+    seen = []
+
+    def fake(submit, texts, rate, duration_s, **kw):
+        seen.append(kw["min_requests"])
+        return {"rate": rate, "refused": 0, "errors": 0, "lost": 0, "p95_ms": 10.0 if rate <= 100 else 1e4, "p99_ms": 1e4}
+
+    monkeypatch.setattr(L, "run_load", fake)
+    best, trials = L.max_rate(FakeServer, ["t"], start=16, refine=0, q=95, min_requests=100)
+    assert best == 64 and [t["bounded"] for t in trials] == [True, True, True, False] and set(seen) == {100}
+    assert L.max_rate(FakeServer, ["t"], start=16, refine=0)[0] == 0  # its p99 is never within the SLO
+
+
+def test_the_issue_table_names_the_percentile_and_the_trial_length():
+    from btlib.bench.serve_load import issue_table, slo_percentile
+
+    assert slo_percentile({"trial_requests": 100}) == 95 and slo_percentile({"trial_requests": 500}) == 99
+    with pytest.raises(ValueError, match="at least 10"):
+        slo_percentile({"trial_requests": 5})
+    rows = [{"x": "mixed", "provider": "packed_fp32", "max_rate_rps": 96.0, "slo_q": 95.0, "trial_requests": 100.0,
+             "params": {"slo_ms": 250.0}}]
+    assert issue_table(rows).splitlines()[-1] == ("req/s: the highest Poisson rate served with p95 <= 250 ms and none refused; "
+                                                  "every trial offered at least 100 requests")
+
+
+def test_rates_are_compared_to_the_search_resolution():
+    import doctest
+
+    from btlib.bench import serve_load
+    from btlib.bench.serve_load import compare_rates
+
+    assert doctest.testmod(serve_load).failed == 0
+    assert compare_rates({"max_rate_rps": 48.0, "first_failed_rps": 64.0}, {"max_rate_rps": 96.0, "first_failed_rps": 128.0}) == \
+        "lower, 1.5x to 2.7x below it (48-64 against 96-128 req/s)"
+    assert compare_rates({"max_rate_rps": 96.0, "first_failed_rps": 128.0}, {"max_rate_rps": 112.0, "first_failed_rps": 128.0}) \
+        .startswith("the same")

@@ -1,4 +1,4 @@
-"""serve_load: the highest Poisson arrival rate each way of serving MiniLM answers with bounded p99 (issue 25's table).
+"""serve_load: the highest Poisson arrival rate each way of serving MiniLM answers with bounded p99 (p95 on shorter trials; issue 25's table).
 
     python -m btlib.bench run serve_load [--quick]
 
@@ -13,11 +13,17 @@ with a batching policy and a backend), driven by :func:`btlib.serve.load.max_rat
     tei_ort_padded       ONNX Runtime (optimised graph), padded batches of <= 8, FIFO by a 16384-token budget, no wait (TEI's)
     ort_per_request      ONNX Runtime, one request per forward
 
-Each row: ``max_rate_rps`` (req/s served with p99 <= SLO and nothing refused or lost) and ``first_failed_rps``
-(the lowest rate the search tried and found too high: the true maximum lies between the two), p50/p99 at half
-that rate, and, on the packed_fp32 row, the 2x-overload run: shares answered / refused (429) / lost, the
-accepted requests' p99 and the RSS growth. ``median ms`` is one 8-text request through the method (the
-correctness check's call). Numbers from a shared machine are noisy; ratios within one run are what count.
+Each row: ``max_rate_rps`` (req/s served with the ``slo_q``-th percentile of latency <= SLO and nothing refused or
+lost) and ``first_failed_rps`` (the lowest rate the search tried and found too high: the true maximum lies between
+the two), ``trials`` (every trial of the search: rate, throughput, p50 and the SLO's percentile with its ~95%
+interval, served or not: what notebook 09 plots), p50 and the SLO's percentile at half that rate, and, on the
+packed_fp32 row, the 2x-overload run: shares answered / refused (429) / lost, the accepted requests' latency at the
+percentile their number supports (``overload_q``) and the RSS growth. ``median ms`` is one 8-text request through
+the method (the correctness check's call). Numbers from a shared machine are noisy; ratios within one run are what
+count.
+
+The percentile the SLO holds is the one every trial measures (btlib.serve.stats.supported_percentile): each trial
+lasts ``trial_s`` and offers at least ``trial_requests`` requests (500 by default: p99; notebook 09's 100: p95).
 
 The HTTP row (issue 25's target: HTTP costs <= 15% of the in-process max rate). The server runs in a process
 of its own (:class:`btlib.serve.remote.ServerProcess`), as it is deployed: its own interpreter and GIL, so
@@ -49,9 +55,10 @@ import torch.nn.functional as F
 from ..padding import lengths_to_padding_mask
 from ..serve.batcher import BatchEncoder
 from ..serve.load import bounded, max_rate, rss_mb, run_load, workload
+from ..serve.stats import supported_percentile
 from .core import Benchmark, Provider, declare
 
-__all__ = ["METHODS", "LABELS", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
+__all__ = ["METHODS", "LABELS", "slo_percentile", "compare_rates", "make_batcher", "why_not_available", "issue_table", "PaddedTransformers", "OrtPadded"]
 
 SLO_MS = 250.0
 MAX_QUEUE = 64  # texts waiting at most in every method's queue (refused beyond: 429 over HTTP)
@@ -198,9 +205,25 @@ def _inputs(p: dict) -> dict:
     return {"texts": texts, "check": texts[:8], "params": p}
 
 
+def slo_percentile(p: dict) -> int:
+    """The percentile the SLO holds in a run with params ``p``: the highest that ``trial_requests`` requests measure."""
+    q = supported_percentile(int(p["trial_requests"]))
+    if q is None:
+        raise ValueError(f"trial_requests={p['trial_requests']} measures no percentile: take at least 10")
+    return q
+
+
+def _trial(r: dict, q: int) -> dict:
+    """What a row keeps of one trial (btlib.serve.load.run_load's result)."""
+    keep = ("rate", "offered", "answered", "refused", "throughput", "p50_ms", "p50_interval_ms", f"p{q}_ms", f"p{q}_interval_ms",
+            "bounded")
+    return {k: r[k] for k in keep if k in r}
+
+
 def _metrics(out: _Answer, ref, inputs) -> dict:
     """The load test of ``out.method`` (run once per row, after the check): max rate, latency at half of it, overload."""
     p, texts = inputs["params"], inputs["texts"]
+    q, n = slo_percentile(p), int(p["trial_requests"])
     if out.method == "http_packed_fp32":
         from ..serve.remote import client_cost
 
@@ -214,15 +237,16 @@ def _metrics(out: _Answer, ref, inputs) -> dict:
     warm = make()
     run_load(warm.submit, texts, p["start_rps"], p["trial_s"], seed=4)
     warm.close()
-    best, trials = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"])
+    best, trials = max_rate(make, texts, slo_ms=p["slo_ms"], start=p["start_rps"], duration_s=p["trial_s"], refine=p["refine"],
+                            q=q, min_requests=n)
     # the search's resolution: the lowest rate it tried and found too high (the true max lies in [best, that))
-    failed = [t["rate"] for t in trials if t["rate"] > best and not bounded(t, p["slo_ms"])]
-    row = {"max_rate_rps": float(best), "first_failed_rps": min(failed, default=None)}
+    failed = [t["rate"] for t in trials if t["rate"] > best and not bounded(t, p["slo_ms"], q)]
+    row = {"slo_q": q, "trial_requests": n, "max_rate_rps": float(best), "first_failed_rps": min(failed, default=None)}
     if best > 0:
         b = make()
-        half = run_load(b.submit, texts, best / 2, p["trial_s"], seed=2)
+        half = run_load(b.submit, texts, best / 2, p["trial_s"], seed=2, min_requests=n)
         b.close()
-        row.update(p50_ms_at_half=half["p50_ms"], p99_ms_at_half=half["p99_ms"])
+        row.update({"p50_ms_at_half": half["p50_ms"], f"p{q}_ms_at_half": half[f"p{q}_ms"]})
     if out.method == "http_packed_fp32":
         row.update(http_client_cpu_ms=cost["client_cpu_ms"], http_wall_ms=cost["wall_ms"], http_server_cpu_ms=cost.get("server_cpu_ms"))
     if out.method == "packed_fp32" and best > 0:
@@ -230,10 +254,12 @@ def _metrics(out: _Answer, ref, inputs) -> dict:
         before = rss_mb()
         r = run_load(b.submit, texts, 2 * best, p["overload_s"], seed=3)
         b.close()
+        q_over = supported_percentile(r["answered"])  # the accepted requests' latency at the percentile their number measures
         row.update(overload_answered=r["answered"] / r["offered"], overload_refused=r["refused"] / r["offered"],
-                   overload_lost=r["lost"] / r["offered"], overload_p99_ms=r["p99_ms"],
+                   overload_lost=r["lost"] / r["offered"], overload_q=q_over,
+                   overload_latency_ms=r[f"p{q_over}_ms"] if q_over else None,
                    overload_rss_growth_mb=(rss_mb() - before) if before is not None else None)
-    return {k: float(v) for k, v in row.items() if v is not None}
+    return {**{k: float(v) for k, v in row.items() if v is not None}, "trials": [_trial(t, q) for t in trials]}
 
 
 def _error(out: _Answer, ref, inputs) -> float:
@@ -241,8 +267,9 @@ def _error(out: _Answer, ref, inputs) -> float:
 
 
 def issue_table(rows: Sequence[dict]) -> str:
-    """Issue 25's table from serve_load rows: workloads down, methods across, max req/s with bounded p99; then, where
-    one run has both packed_fp32 rows, a line per workload: "HTTP costs X% of the in-process max rate"."""
+    """Issue 25's table from serve_load rows: workloads down, methods across, max req/s with bounded p99 (or the percentile
+    the rows' ``slo_q`` names, said under the table); then, where one run has both packed_fp32 rows, a line per workload:
+    "HTTP costs X% of the in-process max rate"."""
     got = {(r["x"], r["provider"]): r for r in rows}
     methods = [m for m in METHODS if any(k[1] == m for k in got)]
     lines = ["| workload | " + " | ".join(LABELS[m] for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
@@ -252,6 +279,10 @@ def issue_table(rows: Sequence[dict]) -> str:
             r = got.get((w, m))
             cells.append(f"{r['max_rate_rps']:.0f}" if r and r.get("max_rate_rps") is not None else "-")
         lines.append(f"| {_WORKLOADS.get(w, w)} (req/s) | " + " | ".join(cells) + " |")
+    slo = next((r for r in rows if r.get("slo_q") and "slo_ms" in r.get("params", {})), None)
+    if slo:
+        lines.append(f"req/s: the highest Poisson rate served with p{slo['slo_q']:.0f} <= {slo['params']['slo_ms']:.0f} ms and none "
+                     f"refused; every trial offered at least {slo['trial_requests']:.0f} requests")
     for w in dict.fromkeys(r["x"] for r in rows):
         a, h = (got.get((w, m), {}).get("max_rate_rps") for m in ("packed_fp32", "http_packed_fp32"))
         if a and h is not None:
@@ -268,17 +299,41 @@ def issue_table(rows: Sequence[dict]) -> str:
 _WORKLOADS = {"queries": "short queries", "mixed": "20% passages mixed in"}
 
 
+def compare_rates(a: dict, b: dict) -> str:
+    """Row ``a``'s max rate against row ``b``'s, to the search's resolution: each true maximum lies in
+    [max_rate_rps, first_failed_rps), so a ratio is quoted only as the range those brackets allow, and brackets
+    that overlap are "the same to this search's resolution".
+
+        >>> print(compare_rates({"max_rate_rps": 512.0, "first_failed_rps": 768.0}, {"max_rate_rps": 192.0, "first_failed_rps": 256.0}))
+        higher, 2.0x to 4.0x the rate (512-768 against 192-256 req/s)
+        >>> print(compare_rates({"max_rate_rps": 96.0, "first_failed_rps": 128.0}, {"max_rate_rps": 96.0, "first_failed_rps": 128.0}))
+        the same to this search's resolution (96-128 against 96-128 req/s)
+    """
+    def bracket(r: dict) -> tuple[float, float]:
+        return r["max_rate_rps"], r.get("first_failed_rps") or float("inf")
+
+    (a_lo, a_hi), (b_lo, b_hi) = bracket(a), bracket(b)
+    said = f"{a_lo:.0f}-{a_hi:.0f} against {b_lo:.0f}-{b_hi:.0f} req/s".replace("-inf", " or more")
+    if a_lo < b_hi and b_lo < a_hi:
+        return f"the same to this search's resolution ({said})"
+    if a_lo >= b_hi:
+        hi = " or more" if a_hi == float("inf") or b_lo == 0 else f" to {a_hi / b_lo:.1f}x"
+        return f"higher, {a_lo / b_hi:.1f}x{hi} the rate ({said})"
+    hi = " or more" if b_hi == float("inf") or a_lo == 0 else f" to {b_hi / a_lo:.1f}x"
+    return f"lower, {b_lo / a_hi:.1f}x{hi} below it ({said})"
+
+
 declare(Benchmark(
     name="serve_load",
-    description="max Poisson req/s with p99 <= SLO per serving method (packed batcher vs baselines), 1 worker",
+    description="max Poisson req/s with p99 <= SLO (the percentile the trials measure) per serving method, 1 worker",
     x_name="workload", x_vals=["queries", "mixed"],
     providers=lambda: [_provider(m) for m in METHODS],
     make_inputs=_inputs,
     reference=lambda inputs: _model()[0].encode(inputs["check"]),
     error=_error, tol=1e-4,
-    params={"slo_ms": SLO_MS, "start_rps": 16.0, "trial_s": 4.0, "refine": 3, "overload_s": 10.0, "overload_queue": 256,
-            "client_cost_n": 1000},
-    quick={"trial_s": 1.0, "refine": 1, "overload_s": 2.0, "overload_queue": 64, "client_cost_n": 200},
+    params={"slo_ms": SLO_MS, "start_rps": 64.0, "trial_s": 4.0, "trial_requests": 500, "refine": 3, "overload_s": 10.0,
+            "overload_queue": 256, "client_cost_n": 1000},
+    quick={"trial_s": 1.0, "trial_requests": 50, "refine": 1, "overload_s": 2.0, "overload_queue": 64, "client_cost_n": 200},
     baseline="encode_per_request",
     metrics=_metrics,
     summary=issue_table,

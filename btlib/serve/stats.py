@@ -11,7 +11,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["BatcherStats", "percentile", "prometheus_text"]
+__all__ = ["BatcherStats", "percentile", "percentile_interval", "supported_percentile", "MIN_TAIL", "prometheus_text"]
+
+MIN_TAIL = 5  # requests that must lie beyond a percentile for a trial to measure it (p99: 500 requests, p95: 100)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -23,6 +25,28 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     s = sorted(values)
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def percentile_interval(values: list[float], q: float, z: float = 1.96) -> tuple[float, float] | None:
+    """A distribution-free ~95% confidence interval of the ``q``-th percentile of the population ``values`` are drawn
+    from: the order statistics at ranks n p -+ z sqrt(n p (1 - p)) (the binomial count of values below the true
+    percentile), clipped to the sample; None for no values.
+
+    100 values 1..100, q 95 -> (90, 100): a p95 from 100 requests is known to about 10 ranks, and its upper end
+    is the slowest request.
+    """
+    if not values:
+        return None
+    s, n, p = sorted(values), len(values), q / 100
+    half = z * math.sqrt(n * p * (1 - p))
+    lo, hi = max(1, math.floor(n * p - half)), min(n, math.ceil(n * p + half) + 1)
+    return s[lo - 1], s[hi - 1]
+
+
+def supported_percentile(n: int, min_tail: int = MIN_TAIL) -> int | None:
+    """The highest of p99, p95, p90, p50 that ``n`` requests measure: at least ``min_tail`` of them lie beyond it
+    (n (1 - q / 100) >= min_tail); None below 2 min_tail. 500 -> 99, 100 -> 95, 50 -> 90, 10 -> 50."""
+    return next((q for q in (99, 95, 90, 50) if n * (100 - q) >= 100 * min_tail), None)
 
 
 @dataclass
