@@ -124,6 +124,14 @@ def test_plot(tmp_path):
     ax = bench.plot(noisy)  # times: the bar spans [t, t (1 + noise)] = [10, 12]
     seg = [c for c in ax.containers if isinstance(c, ErrorbarContainer)][0].lines[2][0].get_segments()[0]
     assert tuple(seg[:, 1]) == pytest.approx((10.0, 12.0))
+    # each provider against its own baseline: "also" over "good", with the band both rows' noise allows
+    own = [{**r, "median_ms": 10.0 if r["provider"] == "good" else 20.0, "min_ms": 1.0, "round_medians_ms": []} for r in rows]
+    own = [{**r, "round_medians_ms": [r["median_ms"], r["median_ms"] * 1.1]} for r in own]
+    ax = bench.plot(own, baseline={"also": "good"}, legend={"fontsize": 7})
+    assert [ln.get_label() for ln in ax.lines if not ln.get_label().startswith("_")] == ["also / good"]
+    assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_label() == "also / good"] == [pytest.approx(0.5)]
+    seg = [c for c in ax.containers if isinstance(c, ErrorbarContainer)][0].lines[2][0].get_segments()[0]
+    assert tuple(seg[:, 1]) == pytest.approx((0.5 / 1.1, 0.5 * 1.1)) and ax.get_ylabel() == "time of the baseline / time"
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("", False), ("no", False)])

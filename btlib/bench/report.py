@@ -71,11 +71,16 @@ def _band(row: dict, metric: str, base: dict | None) -> tuple[float, float]:
     return 1.0 / (1.0 + n), 1.0
 
 
-def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | None = None, ax=None,
-         title: str | None = None, logy: bool = False, ideal: dict | None = None, ideal_label: str = "ideal"):
+def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | dict[str, str] | None = None, ax=None,
+         title: str | None = None, logy: bool = False, ideal: dict | None = None, ideal_label: str = "ideal",
+         ylabel: str | None = None, legend: dict | None = None):
     """Plot one benchmark's rows: x axis against ``metric`` (or speedup over ``baseline``) per provider.
 
+    baseline: a provider every other is divided by, or {provider: its own baseline} to plot only those providers,
+    each against its own (e.g. ``{"fastpath_nested": "ideal", "btlib_packed": "ideal_packed"}``: the share of
+    its run without padding), labelled "provider / baseline".
     ideal: optional {x: value} drawn as a dashed line labelled ``ideal_label`` (e.g. 1 / (1 - p)).
+    ylabel: overrides the y label; legend: keyword arguments of ``ax.legend`` (e.g. fontsize, loc).
     Every point carries an error bar: the row's spread (btlib.bench.verdict.noise): a time lies in [t, t (1 + s)],
     so a rate or a speedup over ``baseline`` spans what the two rows' intervals allow.
     Each provider takes its colour and line style from btlib.diagrams.method_style: the same in every plot.
@@ -88,14 +93,17 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 4))
     ok = [r for r in rows if r["status"] == "ok"]
-    sp = speedups(ok, baseline) if baseline else None
-    base = {(r["benchmark"], r["x"]): r for r in ok if r["provider"] == baseline} if baseline else {}
-    for prov in dict.fromkeys(r["provider"] for r in ok):
-        pts = [(r["x"], sp[(r["benchmark"], prov, r["x"])] if sp else r[metric], _band(r, metric, base.get((r["benchmark"], r["x"]))))
-               for r in ok if r["provider"] == prov and (not sp or (r["benchmark"], prov, r["x"]) in sp)]
+    own = baseline if isinstance(baseline, dict) else None  # provider -> its own baseline
+    providers = list(own) if own else list(dict.fromkeys(r["provider"] for r in ok))
+    for prov in providers:
+        against = own[prov] if own else baseline
+        base = {(r["benchmark"], r["x"]): r for r in ok if r["provider"] == against} if against else {}
+        pts = [(r["x"], base[(r["benchmark"], r["x"])]["median_ms"] / r["median_ms"] if against else r[metric],
+                _band(r, metric, base.get((r["benchmark"], r["x"]))))
+               for r in ok if r["provider"] == prov and (not against or (r["benchmark"], r["x"]) in base)]
         if pts:
             xs, ys, bands = zip(*pts)
-            line, = ax.plot(xs, ys, label=prov, **method_style(prov))
+            line, = ax.plot(xs, ys, label=f"{prov} / {against}" if own else prov, **method_style(prov))
             lo = [y * b[0] for y, b in zip(ys, bands)]  # the spread as an error bar: where the time may lie
             hi = [y * b[1] for y, b in zip(ys, bands)]
             ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]], fmt="none",
@@ -104,11 +112,12 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | Non
         ax.plot(list(ideal), list(ideal.values()), "k--", label=ideal_label)
     if ok:
         ax.set_xlabel(ok[0]["x_name"])
-    ax.set_ylabel(f"speedup over {baseline}" if baseline else {"median_ms": "median time (ms)", "gflops": "GFLOP/s"}.get(metric, metric))
+    ax.set_ylabel(ylabel or ("time of the baseline / time" if own else f"speedup over {baseline}" if baseline else
+                             {"median_ms": "median time (ms)", "gflops": "GFLOP/s"}.get(metric, metric)))
     if logy:
         ax.set_yscale("log")
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(**(legend or {}))
     return ax
