@@ -69,3 +69,13 @@ def test_family_speed_quick():
     assert len({r["token_ratio"] for r in rows}) == 1  # one corpus, one tokenizer, one batching for every family
     text = summary(rows)
     assert all(f"\n{f} " in text for f in FAMILY_NAMES) and "predicted" in text
+
+
+@needs_model
+def test_the_check_alone_runs_untimed_and_says_each_familys_error():
+    pytest.importorskip("transformers")
+    from btlib.bench.families import check
+
+    lines = check(("bert", "modernbert")).splitlines()
+    assert [line.split()[0] for line in lines] == ["bert", "modernbert"]
+    assert all(f"<= {TOL:.0e}: True" in line for line in lines), lines

@@ -54,7 +54,7 @@ from . import pretrained as workbook
 from .core import Benchmark, Provider, declare
 from .verdict import compare
 
-__all__ = ["FAMILY_NAMES", "Shape", "shape_of", "predict", "family_pair", "summary"]
+__all__ = ["FAMILY_NAMES", "Shape", "shape_of", "predict", "family_pair", "summary", "check"]
 
 FAMILY_NAMES = ("bert", "roberta", "xlm-roberta", "distilbert", "camembert", "electra", "mpnet", "modernbert", "nomic_bert",
                 "gte", "qwen3")
@@ -275,7 +275,21 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
-declare(Benchmark(
+def check(families: tuple[str, ...] = FAMILY_NAMES, size: str = "tiny") -> str:
+    """The benchmark's check alone, untimed: per family at ``size``, btlib's packed token states against transformers'
+    on the workbook's corpus, relative to transformers' largest value, against TOL (notebook 07 at its default sizes)."""
+    if why := _why_not():
+        return f"not checked here: {why}"
+    lines = []
+    for fam in families:
+        x = _inputs({**BENCH.params, "family": fam, "size": size})
+        err = relative_error(_real(_packed(x), x), _reference(x))
+        lines.append(f"{fam:12s} max |packed - transformers| / max |transformers| {err:.1e} <= {TOL:.0e}: {err <= TOL}  "
+                     f"({x['pair'].shape})")
+    return "\n".join(lines)
+
+
+BENCH = declare(Benchmark(
     name="family_speed",
     description="every family btlib loads (random weights, base shapes): btlib packed vs transformers padded, last hidden "
                 "states of the workbook's corpus at batch 32, beside the FLOP prediction",

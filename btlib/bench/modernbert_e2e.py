@@ -30,7 +30,7 @@ from ..padding import lengths_to_cu_seqlens, lengths_to_padding_mask
 from .core import Benchmark, Provider, declare
 from .windowed import document_lengths
 
-__all__ = ["MODERNBERT_SHAPES", "modernbert_flops", "modernbert_pair"]
+__all__ = ["MODERNBERT_SHAPES", "modernbert_flops", "modernbert_pair", "check"]
 
 # ModernBERT-base's shape (answerdotai/ModernBERT-base): 22 layers, d 768, 12 heads, GeGLU 1152,
 # local_attention 128 (window (64, 64)), every 3rd layer global from layer 0.
@@ -127,7 +127,27 @@ def _transformers_available() -> str | None:
     return None
 
 
-declare(Benchmark(
+def check(quick: bool | None = None, **params) -> dict:
+    """The benchmark's check alone, untimed: btlib's packed model against transformers' on one batch of ``modernbert_e2e``'s
+    (its params and x, quick ones under BTLIB_QUICK, ``params`` overriding, e.g. ``T=512`` for a shorter batch).
+
+    Returns {"error": relative error on the real tokens, "tol", "lengths": (B,) documents, "model", "T"}, or
+    {"why": ...} where transformers is missing.
+    """
+    from .core import quick_mode
+
+    if why := _transformers_available():
+        return {"why": why}
+    quick = quick_mode() if quick is None else quick
+    p = {**BENCH.params, "T": BENCH.x_vals[0], **(BENCH.quick if quick else {}), **params}
+    p["T"] = params.get("T", p.pop("x_vals", (p["T"],))[0])
+    x = _inputs(p)
+    err = _error(_btlib(x), _reference(x), x)
+    return {"error": err, "tol": BENCH.tol, "lengths": document_lengths(p["B"], p["T"], seed=p.get("seed", 0), spread=p["spread"]),
+            "model": p["model"], "T": p["T"]}
+
+
+BENCH = declare(Benchmark(
     name="modernbert_e2e",
     description="ModernBERT-base shape (22 layers, d 768, GeGLU 1152, window 128 every 2 of 3 layers), fp32, "
                 "mixed-length documents: btlib packed vs transformers sdpa (padded, dense window masks)",
