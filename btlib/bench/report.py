@@ -109,7 +109,7 @@ def plot(rows: Sequence[dict], *, metric: str = "median_ms", baseline: str | dic
             ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]], fmt="none",
                         ecolor=line.get_color(), elinewidth=1.2, capsize=3, alpha=0.7)
     if ideal:
-        ax.plot(list(ideal), list(ideal.values()), "k--", label=ideal_label)
+        ax.plot(list(ideal), list(ideal.values()), color="0.55", ls="--", lw=1, label=ideal_label)  # apart from a measured "ideal" row (black)
     if ok:
         ax.set_xlabel(ok[0]["x_name"])
     ax.set_ylabel(ylabel or ("time of the baseline / time" if own else f"speedup over {baseline}" if baseline else
