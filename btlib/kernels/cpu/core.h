@@ -82,6 +82,14 @@ struct Problem {
     const int64_t hi = keys_of_row(b, i);
     return win_right < 0 ? hi : std::min(hi, i + win_right + 1);
   }
+  // Query rows per v3 block: Br, or 16 under a narrow window (causal counts as a right reach of 0).
+  // A block of r rows reaches r + left + right keys, of which each row may attend left + right + 1:
+  // at (64, 64), 64 rows compute 192 keys per row (3 whole tiles), 16 rows 144 (flash.h skips the
+  // vectors of a tile before the band and takes the band in one span).
+  int64_t block_rows() const {
+    const int64_t right = causal ? 0 : win_right;
+    return win_left >= 0 && right >= 0 && win_left + right < 4 * Bc ? 16 : Br;
+  }
   // rows of the output that belong to sequence b: padded rows t >= len_q are written as 0
   int64_t rows_out(int64_t b) const { return cu_seqlens ? len_q(b) : Tq; }
   template <typename T> T* at(T* x, const int64_t* s, int64_t b, int64_t h, int64_t t) const {

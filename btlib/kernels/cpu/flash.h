@@ -34,16 +34,17 @@
 namespace btlib_core {
 
 // Online softmax of one row of the tile: scores [first, last) of the nk may attend (the rest are
-// masked: padding and causal cut a suffix, a window also a prefix). Updates the running max m
+// masked: padding and causal cut a suffix, a window also a prefix). Only columns [c0, nk) exist
+// (c0 <= first, a multiple of W: where the block's band enters the tile); P is written there. Updates the running max m
 // and sum l, leaves P = 2^(S - m_new) in place (exact 0 where masked: replaced, never multiplied,
 // so a NaN or inf score there cannot leak) and returns alpha = 2^(m_old - m_new), the factor
 // that rescales what O holds. A NaN score can be lost by the max but not by S - m_new: its P is
 // NaN, so l and O are. bias (or nullptr): the row's position bias in log2 units, bias[c] for key c,
 // added to S in the max pass (one extra load, add and store per vector; the scores are read once).
-inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t last, float& m, float& l,
+inline float online_softmax_row(float* S, int64_t c0, int64_t nk, int64_t first, int64_t last, float& m, float& l,
                                 const float* bias = nullptr) {
   if (last <= first) {
-    std::fill_n(S, round_up(nk, W), 0.0f);  // whole vectors: the bf16 path reads P in pairs
+    std::fill(S + c0, S + round_up(nk, W), 0.0f);  // whole vectors: the bf16 path reads P in pairs
     return 1.0f;
   }
   vf mx = vset1(kNegInf);
@@ -63,13 +64,13 @@ inline float online_softmax_row(float* S, int64_t nk, int64_t first, int64_t las
     // l = 0 and the row outputs 0 as SDPA's does, unless a NaN came. 2^(S - m_new) would be NaN,
     // and the vector exp2 of -inf is only ~1e-38 on AVX2/NEON, not 0. Rare: a scalar loop.
     float sum = 0.0f;
-    for (int64_t j = 0; j < round_up(nk, W); ++j) sum += (S[j] = j >= first && j < last && std::isnan(S[j]) ? S[j] : 0.0f);
+    for (int64_t j = c0; j < round_up(nk, W); ++j) sum += (S[j] = j >= first && j < last && std::isnan(S[j]) ? S[j] : 0.0f);
     l = l * alpha + sum;
     return alpha;
   }
   const vf mv = vset1(m_new);
   vf sum = vzero();
-  for (int64_t c = 0; c < nk; c += W) {
+  for (int64_t c = c0; c < nk; c += W) {
     if (c + W <= first || c >= last) {  // a vector wholly outside the row's keys: P = 0, no exp
       vstore(S + c, vzero());
       continue;
@@ -115,13 +116,44 @@ inline BiasRows expand_position_bias(const Problem& p) {
   return r;
 }
 
-// One query block [q0, q0 + Br) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
+// Asks the cache for rows [from, to) of x's (b, h) (D elements each) before they are read: Q, K and V
+// rows of a head are H D elements apart in a packed batch (3 KB at H 12, D 64), so the hardware
+// prefetcher does not follow them, and reading them cold stalled a windowed call (whose blocks each
+// read 16 new Q rows and, every fourth block, a new key tile) for ~15% of its time (AMD EPYC Zen 4).
+template <typename T>
+inline void prefetch_rows(const Problem& p, const T* x, const int64_t* s, int64_t b, int64_t h, int64_t from, int64_t to) {
+  for (int64_t t = from; t < to; ++t) {
+    const char* row = reinterpret_cast<const char*>(p.at(x, s, b, h, t));
+    for (int64_t c = 0; c < p.D * int64_t(sizeof(T)); c += 64) __builtin_prefetch(row + c, 0, 3);
+  }
+}
+template <typename T>
+inline void prefetch_rows_for_write(const Problem& p, T* x, const int64_t* s, int64_t b, int64_t h, int64_t from, int64_t to) {
+  for (int64_t t = from; t < to; ++t) {
+    const char* row = reinterpret_cast<const char*>(p.at(x, s, b, h, t));
+    for (int64_t c = 0; c < p.D * int64_t(sizeof(T)); c += 64) __builtin_prefetch(row + c, 1, 3);
+  }
+}
+
+// Query rows per block on a path: Problem::block_rows() where the path computes spans and partial
+// tiles (RowTiles), Br on AMX (whole 16 x 16 tiles of one key tile).
+template <typename Path>
+int64_t rows_per_block(const Problem& p) {
+  return Path::kColumns ? p.block_rows() : Br;
+}
+
+// One query block [q0, q0 + rows) of (b, h): O = softmax(Q K^T * scale + bias) V over the keys it attends.
 // Returns the number of key tiles it visited (core_check.cpp checks it against the band).
 template <typename Path, typename T>
 int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T* k, const T* v, T* o, int64_t b,
                     int64_t h, int64_t q0, Workspace& ws) {
-  const int64_t D = p.D, Dp = round_up(D, W);
-  const int64_t nq = std::min(Br, p.len_q(b) - q0);  // real query rows of this block
+  const int64_t D = p.D, Dp = round_up(D, W), rows = rows_per_block<Path>(p);
+  const int64_t nq = std::min(rows, p.len_q(b) - q0);  // real query rows of this block
+  // Keys are taken a span at a time: the scores of the span (rows x ldS) fill the same Br x Bc buffer
+  // whatever the rows, so a block of 16 rows takes up to 4 key tiles per online-softmax step. Under a
+  // window (64, 64) its whole band (144 keys) is then one step: one max, one sum and one rescale of O
+  // per row, where one step per tile made three.
+  const int64_t ldS = Bc * (Br / rows);
   ws.S.resize(Br * Bc);
   ws.O.resize(Br * Dp);
   // K^T and V tiles are packed when a block of this thread first reaches them, into buffers sized
@@ -136,6 +168,15 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
     ws.packed = b * p.H + h;
   }
   Path::pack_q(p, q, b, h, q0, nq, ws);
+  // A thread's next task is most often the next block of this (b, h): its Q rows, and under a
+  // window the key tile its band reaches next, are fetched while this block computes.
+  const int64_t q_next = q0 + nq, kv_next = q_next < p.len_q(b) ? round_up(p.key_hi(b, q0 + nq - 1), Bc) : p.len_k(b);
+  prefetch_rows(p, q, p.qs, b, h, q_next, std::min(q_next + rows, p.len_q(b)));
+  prefetch_rows_for_write(p, o, p.os, b, h, q0, q0 + nq);
+  if (p.win_left >= 0 && kv_next < p.len_k(b) && !ws.tile_ready[kv_next / Bc]) {
+    prefetch_rows(p, k, p.ks, b, h, kv_next, std::min(kv_next + Bc, p.len_k(b)));
+    prefetch_rows(p, v, p.vs, b, h, kv_next, std::min(kv_next + Bc, p.len_k(b)));
+  }
   std::fill_n(ws.O.data(), nq * Dp, 0.0f);
   std::fill_n(ws.m, nq, kNegInf);
   std::fill_n(ws.l, nq, 0.0f);
@@ -143,21 +184,30 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
   // starts it. Tiles stay aligned to Bc (the packing's), so the first is the one holding kv_begin.
   const int64_t kv_begin = p.key_lo(q0), kv_end = p.key_hi(b, q0 + nq - 1);
   int64_t tiles = 0;
-  for (int64_t j0 = kv_begin / Bc * Bc; j0 < kv_end; j0 += Bc, ++tiles) {
-    const int64_t nk = std::min(Bc, kv_end - j0);
-    if (!ws.tile_ready[j0 / Bc]) {
-      Path::pack_kv_tile(p, k, v, b, h, Dp, j0, ws);
-      ws.tile_ready[j0 / Bc] = 1;
+  for (int64_t j0 = kv_begin / Bc * Bc; j0 < kv_end; j0 += ldS) {
+    const int64_t nk = std::min(ldS, kv_end - j0);  // the span's keys [j0, j0 + nk)
+    // The band enters the span at key kv_begin: the vectors before it are never computed (a window's
+    // first tile), unless the path computes whole tiles (AMX).
+    const int64_t c0 = Path::kColumns ? std::max<int64_t>(0, kv_begin - j0) / W * W : 0;
+    for (int64_t t0 = j0; t0 < j0 + nk; t0 += Bc, ++tiles) {  // S = Q K^T * scale * log2(e), tile by tile
+      if (!ws.tile_ready[t0 / Bc]) {
+        if (t0 + Bc < kv_end && !ws.tile_ready[t0 / Bc + 1]) {  // the next tile's rows load while this one packs
+          prefetch_rows(p, k, p.ks, b, h, t0 + Bc, std::min(t0 + 2 * Bc, kv_end));
+          prefetch_rows(p, v, p.vs, b, h, t0 + Bc, std::min(t0 + 2 * Bc, kv_end));
+        }
+        Path::pack_kv_tile(p, k, v, b, h, Dp, t0, ws);
+        ws.tile_ready[t0 / Bc] = 1;
+      }
+      Path::qk_block(ws, D, nq, t0, std::max<int64_t>(0, c0 - (t0 - j0)), std::min(Bc, j0 + nk - t0), ws.S.data() + (t0 - j0), ldS);
     }
-    Path::qk_block(ws, D, nq, j0, nk);  // S = Q K^T * scale * log2(e)
-    for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the tile
+    for (int64_t i = 0; i < nq; ++i) {  // m, l, P, alpha per row, over its keys [lo, hi) within the span
       const int64_t first = std::clamp<int64_t>(p.key_lo(q0 + i) - j0, 0, nk);
       const int64_t last = std::clamp<int64_t>(p.key_hi(b, q0 + i) - j0, 0, nk);
       const float* row_bias = bias.v.empty() ? nullptr : bias.at(h, q0 + i, j0);
-      ws.alpha[i] = online_softmax_row(ws.S.data() + i * Bc, nk, first, last, ws.m[i], ws.l[i], row_bias);
-      Path::store_p(ws, i, nk);
+      ws.alpha[i] = online_softmax_row(ws.S.data() + i * ldS, c0, nk, first, last, ws.m[i], ws.l[i], row_bias);
+      Path::store_p(ws, i, c0, nk, ldS);
     }
-    Path::pv_block(ws, Dp, nq, j0, nk);  // O = diag(alpha) O + P V
+    Path::pv_block(ws, Dp, nq, j0, c0, nk, ldS);  // O = diag(alpha) O + P V
   }
   for (int64_t i = 0; i < nq; ++i) {
     // O = O / l. l >= 1 once a score is finite; l = 0 for a row with no key or only -inf scores,
@@ -180,7 +230,7 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
   std::vector<Task> tasks;  // only blocks with real query rows
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t q0 = 0; q0 < p.len_q(b); q0 += Br) tasks.push_back({b, h, q0});
+      for (int64_t q0 = 0; q0 < p.len_q(b); q0 += rows_per_block<Path>(p)) tasks.push_back({b, h, q0});
   // Longest sequences first (a block costs about len_k): the last chunks handed out are then the
   // cheapest, so workers finish together. Stable, so one (b, h)'s blocks stay adjacent.
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return p.len_k(x.b) > p.len_k(y.b); });

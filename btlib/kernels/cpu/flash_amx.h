@@ -136,6 +136,7 @@ inline __m256i bf16x16(const float* x, int64_t n) {
 template <typename T>
 struct AmxPath {
   using Local = AmxWorkspace;
+  static constexpr bool kColumns = false;  // whole 16 x 16 tiles of one key tile: flash.h passes c0 = 0, ldS = Bc, Br rows
 
   static void reserve_kv(const Problem& p, int64_t b, int64_t Dp, Workspace& ws) {
     const int64_t Tp = round_up(p.len_k(b), Bc);
@@ -183,7 +184,8 @@ struct AmxPath {
     }
   }
   // S rows [0, nq), keys [0, nk) of block j0 (whole 16 x 16 tiles), then times scale * log2(e) in fp32
-  static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t nk) {
+  static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t /*c0 = 0*/, int64_t nk, float* /*S = ws.S*/,
+                       int64_t /*ldS = Bc*/) {
     const int64_t Dk = amx_dk(D), nr = (nq + 15) / 16, nc = (nk + 15) / 16;
     tile_products(reinterpret_cast<const char*>(ws.q2.data()), Dk * 2, reinterpret_cast<const char*>(ws.kt2.data() + j0 * Dk),
                   Bc * 4, 16 * Bc * 4, Dk / 32, reinterpret_cast<char*>(ws.S.data()), Bc * 4, nr, nc, false);
@@ -192,7 +194,7 @@ struct AmxPath {
       for (int64_t n = 0; n < nc * 16; n += W) vstore(ws.S.data() + i * Bc + n, vmul(vload(ws.S.data() + i * Bc + n), c));
   }
   // P row i rounded to bf16 (nearest even; NaN stays NaN), zeros after its keys up to the next 32 (a whole K step)
-  static void store_p(Workspace& ws, int64_t i, int64_t nk) {
+  static void store_p(Workspace& ws, int64_t i, int64_t /*c0 = 0*/, int64_t nk, int64_t /*ldS = Bc*/) {
     uint16_t* pi = ws.p2.data() + i * Bc;
     int64_t n = 0;
     for (; n < nk; n += W)
@@ -200,7 +202,7 @@ struct AmxPath {
     for (; n < round_up(nk, 32); n += W) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pi + n), _mm256_setzero_si256());
   }
   // O rows [0, nq) = diag(alpha) O (AVX-512), then += P V on tiles over the tile's keys in steps of 32
-  static void pv_block(Workspace& ws, int64_t Dp, int64_t nq, int64_t j0, int64_t nk) {
+  static void pv_block(Workspace& ws, int64_t Dp, int64_t nq, int64_t j0, int64_t /*c0 = 0*/, int64_t nk, int64_t /*ldS = Bc*/) {
     for (int64_t i = 0; i < nq; ++i) {
       const vf a = vset1(ws.alpha[i]);
       for (int64_t d = 0; d < Dp; d += W) vstore(ws.O.data() + i * Dp + d, vmul(vload(ws.O.data() + i * Dp + d), a));

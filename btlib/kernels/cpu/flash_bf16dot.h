@@ -22,27 +22,27 @@ inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
 // S[R][kNV * W] = c * Q[R][D] K^T: per pair of d, one 32-bit broadcast of two Q values and
 // kNV loads of 16 keys x 2 d; c = scale * log2(e) is applied in fp32 (Q stays the input bf16).
-template <int R>
-inline void qk_tile_bf16(const uint32_t* q2, int64_t Dh, const uint16_t* kt2, float c, float* S) {
-  vf acc[R][kNV];
+template <int R, int NV = kNV>
+inline void qk_tile_bf16(const uint32_t* q2, int64_t Dh, const uint16_t* kt2, float c, float* S, int64_t ldS) {
+  vf acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int n = 0; n < kNV; ++n) acc[r][n] = vzero();
+    for (int n = 0; n < NV; ++n) acc[r][n] = vzero();
   for (int64_t d2 = 0; d2 < Dh; ++d2) {
-    __m512bh kv[kNV];
-    for (int n = 0; n < kNV; ++n) kv[n] = as_bh(_mm512_loadu_si512(kt2 + (d2 * Bc + n * W) * 2));
+    __m512bh kv[NV];
+    for (int n = 0; n < NV; ++n) kv[n] = as_bh(_mm512_loadu_si512(kt2 + (d2 * Bc + n * W) * 2));
     for (int r = 0; r < R; ++r) {
       const __m512bh qv = as_bh(_mm512_set1_epi32(int(q2[r * Dh + d2])));
-      for (int n = 0; n < kNV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], qv, kv[n]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], qv, kv[n]);
     }
   }
   const vf cv = vset1(c);
   for (int r = 0; r < R; ++r)
-    for (int n = 0; n < kNV; ++n) vstore(S + r * Bc + n * W, vmul(acc[r][n], cv));
+    for (int n = 0; n < NV; ++n) vstore(S + r * ldS + n * W, vmul(acc[r][n], cv));
 }
 
 // O[R][NV * W] = diag(alpha) O + P V over pairs of keys (P in bf16, V packed in pairs).
 template <int R, int NV>
-inline void pv_tile_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, int64_t Dp, const float* alpha, float* O) {
+inline void pv_tile_bf16(const uint16_t* P2, int64_t ldP, int64_t nk, const uint16_t* vp2, int64_t Dp, const float* alpha, float* O) {
   vf acc[R][NV];
   for (int r = 0; r < R; ++r) {
     const vf a = vset1(alpha[r]);
@@ -53,7 +53,7 @@ inline void pv_tile_bf16(const uint16_t* P2, int64_t nk, const uint16_t* vp2, in
     for (int n = 0; n < NV; ++n) vv[n] = as_bh(_mm512_loadu_si512(vp2 + (j2 * Dp + n * W) * 2));
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
-      std::memcpy(&pair, P2 + r * Bc + 2 * j2, 4);
+      std::memcpy(&pair, P2 + r * ldP + 2 * j2, 4);
       const __m512bh pv = as_bh(_mm512_set1_epi32(int(pair)));
       for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], pv, vv[n]);
     }
@@ -108,23 +108,24 @@ struct Bf16DotPath : RowTiles<Bf16DotPath> {
     }
   }
   template <int R>
-  static void qk(Workspace& ws, int64_t D, int64_t i0, int64_t j0, int64_t nk) {
+  static void qk(Workspace& ws, int64_t D, int64_t i0, int64_t j0, int64_t c0, int64_t nk, float* S, int64_t ldS) {
     const int64_t Dh = (D + 1) / 2;
     const uint32_t* q2 = reinterpret_cast<const uint32_t*>(ws.q2.data());
     const float c = ws.qk_scale;
-    for (int64_t n = 0; n < nk; n += kNV * W)
-      qk_tile_bf16<R>(q2 + i0 * Dh, Dh, ws.kt2.data() + (j0 * Dh + n) * 2, c, ws.S.data() + i0 * Bc + n);
+    across_columns(c0, nk, [&](int64_t n, auto NV) {
+      qk_tile_bf16<R, NV()>(q2 + i0 * Dh, Dh, ws.kt2.data() + (j0 * Dh + n) * 2, c, S + i0 * ldS + n, ldS);
+    });
   }
-  // P row i rounded to bf16 (round to nearest even; NaN stays NaN) for the P V product
-  static void store_p(Workspace& ws, int64_t i, int64_t nk) {
-    for (int64_t n = 0; n < nk; n += W)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ws.p2.data() + i * Bc + n),
-                          (__m256i)_mm512_cvtneps_pbh(vload(ws.S.data() + i * Bc + n)));
+  // P row i, columns [c0, nk), rounded to bf16 (round to nearest even; NaN stays NaN) for the P V product
+  static void store_p(Workspace& ws, int64_t i, int64_t c0, int64_t nk, int64_t ldS) {
+    for (int64_t n = c0; n < nk; n += W)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ws.p2.data() + i * ldS + n),
+                          (__m256i)_mm512_cvtneps_pbh(vload(ws.S.data() + i * ldS + n)));
   }
   template <int R>
-  static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t nk) {
-    across_d<R>(Dp, [&](int64_t c, auto NV) {
-      pv_tile_bf16<R, NV()>(ws.p2.data() + i0 * Bc, nk, ws.vp2.data() + j0 * Dp + 2 * c, Dp, ws.alpha + i0,
+  static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t c0, int64_t nk, int64_t ldS) {
+    across_d<R>(Dp, [&](int64_t c, auto NV) {  // c0 is even (a multiple of W): it starts a pair of keys
+      pv_tile_bf16<R, NV()>(ws.p2.data() + i0 * ldS + c0, ldS, nk - c0, ws.vp2.data() + (j0 + c0) * Dp + 2 * c, Dp, ws.alpha + i0,
                             ws.O.data() + i0 * Dp + c);
     });
   }

@@ -88,29 +88,30 @@ inline void with_rows(int64_t R, F&& f) {
   }
 }
 
-// S[R][kNV * W] = Q[R][D] K^T[D][kNV * W]: R * kNV accumulators in registers, one broadcast of
-// Q and kNV loads of K^T per d: 2 R kNV W flops per (R + kNV) loads.
-template <int R>
-inline void qk_tile(const float* q, int64_t D, const float* kt, float* S) {
-  vf acc[R][kNV];
+// S[R][NV * W] = Q[R][D] K^T[D][NV * W] (S rows ldS apart): R * NV accumulators in registers, one
+// broadcast of Q and NV loads of K^T per d: 2 R NV W flops per (R + NV) loads. NV < kNV only for a
+// window's partial tile (flash.h computes just the vectors its band reaches).
+template <int R, int NV = kNV>
+inline void qk_tile(const float* q, int64_t D, const float* kt, float* S, int64_t ldS) {
+  vf acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kNV; ++c) acc[r][c] = vzero();
+    for (int c = 0; c < NV; ++c) acc[r][c] = vzero();
   for (int64_t d = 0; d < D; ++d) {
-    vf kv[kNV];
-    for (int c = 0; c < kNV; ++c) kv[c] = vload(kt + d * Bc + c * W);
+    vf kv[NV];
+    for (int c = 0; c < NV; ++c) kv[c] = vload(kt + d * Bc + c * W);
     for (int r = 0; r < R; ++r) {
       const vf qv = vset1(q[r * D + d]);
-      for (int c = 0; c < kNV; ++c) acc[r][c] = vfma(qv, kv[c], acc[r][c]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = vfma(qv, kv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kNV; ++c) vstore(S + r * Bc + c * W, acc[r][c]);
+    for (int c = 0; c < NV; ++c) vstore(S + r * ldS + c * W, acc[r][c]);
 }
 
-// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W]: the rescale by alpha is folded into
-// loading the accumulators, so O is read and written once per key block.
+// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W] (P rows ldP apart): the rescale by alpha is
+// folded into loading the accumulators, so O is read and written once per span of keys.
 template <int R, int NV>
-inline void pv_tile(const float* P, int64_t nk, const float* v, int64_t Dp, const float* alpha, float* O) {
+inline void pv_tile(const float* P, int64_t ldP, int64_t nk, const float* v, int64_t Dp, const float* alpha, float* O) {
   vf acc[R][NV];
   for (int r = 0; r < R; ++r) {
     const vf a = vset1(alpha[r]);
@@ -120,7 +121,7 @@ inline void pv_tile(const float* P, int64_t nk, const float* v, int64_t Dp, cons
     vf vv[NV];
     for (int c = 0; c < NV; ++c) vv[c] = vload(v + j * Dp + c * W);
     for (int r = 0; r < R; ++r) {
-      const vf pv = vset1(P[r * Bc + j]);
+      const vf pv = vset1(P[r * ldP + j]);
       for (int c = 0; c < NV; ++c) acc[r][c] = vfma(pv, vv[c], acc[r][c]);
     }
   }
@@ -128,34 +129,46 @@ inline void pv_tile(const float* P, int64_t nk, const float* v, int64_t Dp, cons
     for (int c = 0; c < NV; ++c) vstore(O + r * Dp + c * W, acc[r][c]);
 }
 
+// Calls f(std::integral_constant<int, NV>{}) for a runtime NV in [1, kNV] (instantiates only those).
+template <int N = 1, typename F>
+inline void with_vectors(int64_t NV, F&& f) {
+  if constexpr (N < kNV) {
+    if (NV > N) return with_vectors<N + 1>(NV, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// A row of n columns from c0 in pieces of up to kNV vectors: tile(c, NV) for each piece (the last may be shorter).
+template <typename Tile>
+inline void across_columns(int64_t c0, int64_t n, Tile&& tile) {
+  for (int64_t c = c0; c < n; c += kNV * W) with_vectors(std::min<int64_t>(kNV, (round_up(n, W) - c) / W), [&](auto NV) { tile(c, NV); });
+}
+
 // pv_tile across the padded head_dim Dp: whole kNV-vector tiles, then a 1..kNV-1 vector rest.
 template <int R, typename Tile>
 inline void across_d(int64_t Dp, Tile&& tile) {
-  static_assert(kNV <= 4, "across_d covers up to 4 vectors");
-  int64_t c = 0;
-  for (; c + kNV * W <= Dp; c += kNV * W) tile(c, std::integral_constant<int, kNV>{});
-  switch ((Dp - c) / W) {
-    case 1: tile(c, std::integral_constant<int, 1>{}); break;
-    case 2: tile(c, std::integral_constant<int, 2>{}); break;
-    case 3: tile(c, std::integral_constant<int, 3>{}); break;
-    default: break;
-  }
+  across_columns(0, Dp, tile);
 }
 
-// The block loops of the paths that compute kR query rows at a time (F32Path, Bf16DotPath): flash.h calls
-// qk_block / pv_block once per (query block, key tile); a path with other tiles (flash_amx.h) has its own.
+// The block loops of the paths that compute kR query rows at a time (F32Path, Bf16DotPath). flash.h
+// works on spans of keys: one tile (Bc keys) for a block of Br rows, up to Br / rows tiles for a
+// narrower block, whose S then has rows ldS = Bc Br / rows apart in the same buffer. qk_block fills
+// the span's columns of one key tile; pv_block runs P V once over the whole span. Both start at c0 (a
+// multiple of W), where the block's band enters the span: a window's first tile costs only the
+// vectors it uses, and P is never read before c0. A path with other tiles (flash_amx.h) has its own.
 template <typename Path>
 struct RowTiles {
   using Local = Workspace;  // the per-thread state for_tasks makes
-  // S rows [0, nq) = Q K^T * scale * log2(e) for the nk keys of block j0
-  static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t nk) {
+  static constexpr bool kColumns = true;  // honours c0 and spans (AmxPath computes whole 16 x 16 tiles of one key tile)
+  // S rows [0, nq), columns [c0, nk) of S (rows ldS apart) = Q K^T * scale * log2(e) for the keys of tile j0
+  static void qk_block(Workspace& ws, int64_t D, int64_t nq, int64_t j0, int64_t c0, int64_t nk, float* S, int64_t ldS) {
     for (int64_t i0 = 0; i0 < nq; i0 += kR)
-      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, nk); });
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template qk<R()>(ws, D, i0, j0, c0, nk, S, ldS); });
   }
-  // O rows [0, nq) = diag(alpha) O + P V
-  static void pv_block(Workspace& ws, int64_t Dp, int64_t nq, int64_t j0, int64_t nk) {
+  // O rows [0, nq) = diag(alpha) O + P V, over the span's keys [j0 + c0, j0 + nk) (V is packed contiguously across tiles)
+  static void pv_block(Workspace& ws, int64_t Dp, int64_t nq, int64_t j0, int64_t c0, int64_t nk, int64_t ldS) {
     for (int64_t i0 = 0; i0 < nq; i0 += kR)
-      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template pv<R()>(ws, Dp, i0, j0, nk); });
+      with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) { Path::template pv<R()>(ws, Dp, i0, j0, c0, nk, ldS); });
   }
 };
 
@@ -201,15 +214,16 @@ struct F32Path : RowTiles<F32Path<T>> {
   }
   // S rows [i0, i0 + R) for the nk keys of block j0
   template <int R>
-  static void qk(Workspace& ws, int64_t D, int64_t i0, int64_t j0, int64_t nk) {
+  static void qk(Workspace& ws, int64_t D, int64_t i0, int64_t j0, int64_t c0, int64_t nk, float* S, int64_t ldS) {
     const float* kt = ws.kt.data() + j0 * D;  // key block j0 / Bc: [D][Bc]
-    for (int64_t c = 0; c < nk; c += kNV * W) qk_tile<R>(ws.qs.data() + i0 * D, D, kt + c, ws.S.data() + i0 * Bc + c);
+    across_columns(c0, nk, [&](int64_t c, auto NV) { qk_tile<R, NV()>(ws.qs.data() + i0 * D, D, kt + c, S + i0 * ldS + c, ldS); });
   }
-  static void store_p(Workspace&, int64_t, int64_t) {}  // P V reads P from S, in fp32
+  static void store_p(Workspace&, int64_t, int64_t, int64_t, int64_t) {}  // P V reads P from S, in fp32
   template <int R>
-  static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t nk) {
+  static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t c0, int64_t nk, int64_t ldS) {
     across_d<R>(Dp, [&](int64_t c, auto NV) {
-      pv_tile<R, NV()>(ws.S.data() + i0 * Bc, nk, ws.vp.data() + j0 * Dp + c, Dp, ws.alpha + i0, ws.O.data() + i0 * Dp + c);
+      pv_tile<R, NV()>(ws.S.data() + i0 * ldS + c0, ldS, nk - c0, ws.vp.data() + (j0 + c0) * Dp + c, Dp, ws.alpha + i0,
+                       ws.O.data() + i0 * Dp + c);
     });
   }
 };
