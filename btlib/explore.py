@@ -6,7 +6,8 @@ distribution and providers. Speedups are over PyTorch's dense fastpath, the "no 
 baseline, and the plot draws them against the padding fraction p together with padding's FLOP ratio
 1 / (1 - p): what skipping every padded token would give one engine if cost were all linear layers (a
 faster engine can pass it: btlib's packed encoder against PyTorch's fastpath is two engines, so the
-line is a reference, not a bound).
+line is a reference, not a bound). Each point carries its spread as an error bar (bench.plot's band: a time lies
+in [t, t (1 + noise)], its noise the calls' median over their fastest), so a small difference reads as what it is.
 
     explorer = PaddingExplorer(MINILM_L6)
     explorer.run_point(padding=0.5, B=8, T=128)     # what the widgets call; returns the rows
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .bench import core, encoder  # noqa: F401 - importing encoder declares encoder_padding
-from .bench.report import speedups
+from .bench.report import _band, speedups
 from .lengths import batch_lengths, padding_stats
 from .models import EncoderConfig
 
@@ -37,6 +38,7 @@ class PaddingExplorer:
     config: EncoderConfig
     timing: dict = field(default_factory=lambda: {"warmup": 1, "min_runs": 3, "max_runs": 5, "min_time_s": 0.0})
     history: dict = field(default_factory=dict)  # (B, T, distribution) -> {padding: {provider: speedup}}
+    bands: dict = field(default_factory=dict)  # same keys -> {padding: {provider: (low, high)}}, multiples of the speedup
     last: str = ""
 
     def run_point(self, padding: float, B: int, T: int, distribution: str = "uniform",
@@ -53,6 +55,10 @@ class PaddingExplorer:
         point = {r["provider"]: sp[(r["benchmark"], r["provider"], r["x"])] for r in rows
                  if (r["benchmark"], r["provider"], r["x"]) in sp}
         self.history.setdefault((B, T, distribution), {})[p_real] = point
+        base = next((r for r in rows if r["provider"] == BASELINE and r["status"] == "ok"), None)
+        self.bands.setdefault((B, T, distribution), {})[p_real] = {
+            r["provider"]: _band(r, "median_ms", base) for r in rows
+            if r["provider"] in point and r["provider"] != BASELINE and base is not None}
         best = max((k for k in point if k != BASELINE), key=point.get, default=BASELINE)
         self.last = (f"B={B}, T={T}, {distribution}: {p_real:.0%} padding; best {best} "
                      f"{point.get(best, 1.0):.2f}x over the dense fastpath (FLOP ratio 1/(1-p) {1 / (1 - p_real):.2f}x)")
@@ -62,17 +68,25 @@ class PaddingExplorer:
         """Speedup over the dense fastpath against padding, for every point measured at this setting."""
         import matplotlib.pyplot as plt
 
+        from .diagrams import method_style  # one colour per method, as in every plot of the workbook
+
         if ax is None:
             _, ax = plt.subplots(figsize=(6.4, 4))
         points = sorted(self.history.get((B, T, distribution), {}).items())
+        bands = self.bands.get((B, T, distribution), {})
         for prov in dict.fromkeys(k for _, pt in points for k in pt if k != BASELINE):
             xs = [p for p, pt in points if prov in pt]
-            ax.plot(xs, [pt[prov] for p, pt in points if prov in pt], marker="o", label=LABELS.get(prov, prov))
+            ys = [pt[prov] for p, pt in points if prov in pt]
+            lo, hi = zip(*(bands.get(p, {}).get(prov, (1.0, 1.0)) for p in xs))  # one run: its calls' spread
+            line, = ax.plot(xs, ys, label=LABELS.get(prov, prov), **method_style(prov))
+            ax.errorbar(xs, ys, yerr=[[y - y * a for y, a in zip(ys, lo)], [y * b - y for y, b in zip(ys, hi)]], fmt="none",
+                        ecolor=line.get_color(), elinewidth=1.2, capsize=3, alpha=0.7)
         grid = [i / 100 for i in range(0, 91)]
-        ax.plot(grid, [1 / (1 - p) for p in grid], "k--", lw=1, label="FLOP ratio 1/(1-p)")
+        ax.plot(grid, [1 / (1 - p) for p in grid], color="0.55", ls="--", lw=1, label="FLOP ratio 1/(1-p)")  # grey: apart from the measured ideal
         ax.axhline(1, color="0.5", lw=0.8)
         ax.set_xlim(0, 0.92)
-        ax.set_ylim(0, max([4.0] + [v for _, pt in points for v in pt.values()]) * 1.1)
+        top = [v * bands.get(p, {}).get(k, (1.0, 1.0))[1] for p, pt in points for k, v in pt.items()]
+        ax.set_ylim(0, max([4.0] + top) * 1.1)
         ax.set_xlabel("padding fraction p")
         ax.set_ylabel("speedup over PyTorch's dense fastpath")
         c = self.config

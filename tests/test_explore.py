@@ -1,6 +1,7 @@
 """The padding explorer behind notebook 06's widgets, driven headless."""
 
 import matplotlib
+import matplotlib.container
 import pytest
 
 from btlib.explore import BASELINE, PaddingExplorer
@@ -23,6 +24,10 @@ def test_run_point_records_checked_speedups():
     ax = ex.plot(4, 32)
     labels = [line.get_label() for line in ax.lines]
     assert "btlib_packed" in labels and "FLOP ratio 1/(1-p)" in labels
+    bars = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    assert len(bars) == 2  # btlib_packed and ideal carry their spread
+    low, high = ex.bands[(4, 32, "uniform")][0.5]["btlib_packed"]
+    assert low <= 1.0 <= high  # the speedup lies inside its own band
 
 
 def test_widget_reruns_on_change():
