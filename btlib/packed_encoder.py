@@ -28,7 +28,7 @@ below that the layers call the kernel with trusted arguments. On CUDA every scal
 is a host sync, so per-layer checks would cost 12 syncs (and 12 registry look-ups) per forward.
 
 torch.compile: ``forward_packed`` traces whole (fullgraph=True), fp32 and bf16, with the C++ varlen kernel
-in the graph as ``torch.ops.btlib_cpu_<isa>.varlen_v3`` (fake kernels: btlib/kernels/cpu/fake.py) and the
+in the graph as ``torch.ops.btlib_cpu_<isa>.varlen_v3`` (fake kernels: btlib/kernels/cpu/schema.py) and the
 GEMMs as aten ops that inductor fuses (btlib.gemm). While dynamo traces, the kernel choice and the build's
 load run once, outside the graph, and the graph checks cu_seqlens' layout only: its values (start 0,
 non-decreasing, ending at total, none above max_seqlen) are checked by the C++ kernel when the graph runs

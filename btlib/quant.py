@@ -37,7 +37,7 @@ the CPU, the rows and the weight's shape (``btlib.hardware.machine().gemm["int8"
 torch.compile: not traceable in one graph (fullgraph=True raises). quantize_rows and dequantize
 (kernels/cpu/int8.cpp) are pybind functions, not torch ops, so dynamo cannot see into them, and the int8
 build's loader reads /proc/cpuinfo on the call path (the first graph break, on torch 2.13). The fp32 and bf16
-PackedEncoder trace (btlib/kernels/cpu/fake.py).
+PackedEncoder trace (btlib/kernels/cpu/schema.py).
 """
 
 from __future__ import annotations

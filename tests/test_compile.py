@@ -21,7 +21,7 @@ from btlib.device import SlowPrecisionWarning
 from btlib.hardware import bf16_native
 from btlib.kernels import relative_error
 from btlib.kernels.cpu import build
-from btlib.kernels.cpu.fake import OPS
+from btlib.kernels.cpu.schema import OPS
 
 from model_folder import needs_model
 

@@ -62,9 +62,9 @@ def test_gpu_limits_match_the_cuda_header_and_the_registry():
 
 def test_cpu_limits_quoted_in_python_match_core_h():
     from btlib import blocks
-    from btlib.kernels.cpu import fake, ops
+    from btlib.kernels.cpu import ops, schema
 
     core = (ROOT / "btlib/kernels/cpu/core.h").read_text()
     value = {name: int(re.search(rf"constexpr int64_t {name} = (\d+);", core).group(1)) for name in ("Br", "Bc", "kMaxD")}
-    assert ops.MAX_HEAD_DIM == fake.MAX_HEAD_DIM == value["kMaxD"]  # "# kMaxD in core.h"
+    assert ops.MAX_HEAD_DIM == schema.MAX_HEAD_DIM == value["kMaxD"]  # "# kMaxD in core.h"
     assert (blocks.Br, blocks.Bc) == (value["Br"], value["Bc"])  # "# the C++ kernels' tile (core.h)"

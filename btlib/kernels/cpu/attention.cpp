@@ -42,7 +42,7 @@
 #endif
 #define BTLIB_STR2(x) #x
 #define BTLIB_STR(x) BTLIB_STR2(x)
-#define BTLIB_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)  // expands BTLIB_OPS_NS before TORCH_LIBRARY pastes it
+#define BTLIB_TORCH_LIBRARY_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)  // expands BTLIB_OPS_NS before the macro pastes it
 #define BTLIB_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 
 using namespace btlib_core;
@@ -239,19 +239,13 @@ std::string build_info() {
 
 }  // namespace
 
-// Each op is a schema plus a CPU kernel, not a catch-all kernel (a catch-all is CompositeImplicitAutograd,
-// which torch.compile would "decompose" by running it on fake tensors, and which takes no fake kernel):
-// fake.py registers each op's fake (meta) kernel from Python when build.py loads this library, so
-// torch.library.opcheck passes and torch.compile(fullgraph=True) traces them.
-BTLIB_TORCH_LIBRARY(BTLIB_OPS_NS, m) {
-  m.def("attention_v1(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor");
-  m.def("attention_v2(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale) -> Tensor");
-  m.def("attention_v3(Tensor q, Tensor k, Tensor v, Tensor? lengths, bool causal, float scale, int window_left=-1, "
-        "int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
-  m.def("varlen_v3(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
-        "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
-  m.def("varlen_amx(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, "
-        "int window_left=-1, int window_right=-1, Tensor? bias=None, int bias_kind=0, int bias_max_distance=0) -> Tensor");
+// Each op is declared once, in btlib/kernels/cpu/schema.py (OPS): build.py defines its schema, its fake (meta) kernel
+// and an Autograd fallthrough from Python before it loads this library, which adds only the CPU kernel of each
+// (not a catch-all kernel: that would be CompositeImplicitAutograd, which torch.compile "decomposes" by running it
+// on fake tensors, and which takes no fake kernel). So torch.library.opcheck passes and torch.compile(fullgraph=True)
+// traces them. No backward: the fallthrough sends autograd on to this kernel and the output is detached from
+// q, k, v, as the registry documents.
+BTLIB_TORCH_LIBRARY_FRAGMENT(BTLIB_OPS_NS, m) {
   // build_info and amx_status take and return no tensor: catch-all kernels, never in a graph
   m.def("build_info() -> str", &build_info);
   m.def("amx_status() -> str", [] { return amx_status(); });  // "" when varlen_amx can run, else why not
@@ -263,14 +257,4 @@ BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, CPU, m) {
   m.impl("attention_v3", &v3_op);
   m.impl("varlen_v3", &varlen_op);
   m.impl("varlen_amx", &varlen_amx_op);
-}
-
-// No backward: autograd falls through to the CPU (or, under a FakeTensorMode, the fake) kernel, so the output
-// is detached from q, k, v, as the registry documents (only kernels marked differentiable are picked when
-// inputs require grad). A fallthrough costs nothing; the default autograd fallback, a boxed kernel, would
-// cost about what a boxed Autograd kernel measured here (+0.1-0.35 us a call under no_grad, 1 thread, Xeon) and
-// hand back outputs whose backward only warns and returns nothing.
-BTLIB_TORCH_LIBRARY_IMPL(BTLIB_OPS_NS, Autograd, m) {
-  for (const char* op : {"attention_v1", "attention_v2", "attention_v3", "varlen_v3", "varlen_amx"})
-    m.impl(op, torch::CppFunction::makeFallthrough());
 }

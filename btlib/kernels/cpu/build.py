@@ -10,8 +10,9 @@
     int8_module()           int8.cpp (btlib.quant's fused int8 passes) for isa(); int8_available() like available()
     gemm_module()           gemm.cpp (btlib.gemm's own fp32 GEMM for few rows) for isa(); gemm_available() likewise
 
-Every load registers the ops' fake kernels (fake.py), so torch.compile traces them and
-torch.library.opcheck passes on each.
+Every load first defines the ops from their one schema (schema.py: schema, fake kernel, Autograd
+fallthrough), so torch.compile traces them and torch.library.opcheck passes on each; the library then
+adds each op's CPU kernel (attention.cpp's TORCH_LIBRARY_IMPL).
 
 The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
 (core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h, flash_amx.h). One library per instruction
@@ -53,7 +54,7 @@ from ..._compile import constant_result
 from ...hardware import amx, isa, runnable  # ISA detection lives with the other CPU facts; named here as before
 from .. import _build
 from .._build import Extension
-from . import fake
+from . import schema
 
 __all__ = ["load", "ops", "load_copy", "available", "amx_available", "isa_flags", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
            "gemm_available", "SOURCE", "HEADER", "HEADERS", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
@@ -189,10 +190,10 @@ def load(isa: str | None = None) -> str:
     the registered build :func:`available` reports it, so ``backend="auto"`` moves on to PyTorch's kernels.
     """
     isa_ = _checked_isa(isa)
+    schema.define(f"btlib_cpu_{isa_}")  # the ops' schemas and fake kernels, before the library adds its CPU kernels
     info = _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[SOURCE, *HEADERS], sources=[str(SOURCE)],
                      extra_cflags=_cflags(isa_, f"btlib_cpu_{isa_}"), extra_ldflags=list(_thread_flags()),
                      extra_include_paths=[str(HERE)])
-    fake.register(f"btlib_cpu_{isa_}")  # fake kernels for torch.compile / opcheck (once per namespace)
     return info
 
 
@@ -237,11 +238,11 @@ def load_copy(folder: str | Path, tag: str, isa: str | None = None):
     if not (folder / SOURCE.name).is_file():
         raise FileNotFoundError(f"{folder} has no {SOURCE.name}: copy the whole folder {HERE.name}/ (shutil.copytree(build.HERE, ...))")
     namespace, name = f"btlib_cpu_{isa_}_{tag}", f"btlib_cpu_attention_{isa_}_{tag}"
+    schema.define(namespace)  # the copy implements the same ops: the same schemas and fake kernels
     # not remembered: a copy that fails to compile is fixed and loaded again under the same tag
     _ext.load(name, namespace, detail=f"{isa_}, copy {folder.name}/ {tag}", depends=[folder / SOURCE.name, *folder.glob("*.h")],
               remember_failure=False, sources=[str(folder / SOURCE.name)], extra_cflags=_cflags(isa_, namespace),
               extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
-    fake.register(namespace)  # the copy's ops have the same signatures, so the same fake kernels
     return getattr(torch.ops, namespace)
 
 

@@ -1,7 +1,8 @@
-"""Typed wrappers of the C++ CPU kernels (attention.cpp), and their registry entries.
+"""Python wrappers of the C++ CPU kernels (attention.cpp), derived from each op's one schema (schema.OPS), and
+their registry entries.
 
-Each wrapper builds the library on its first call (build.ops), fills in the default scale and
-calls ``torch.ops.btlib_cpu_<isa>.<op>`` of the build :func:`build.isa` picks. Shapes:
+Each wrapper builds the library on its first call (build.ops), fills in the default scale, turns window=
+and bias= into the op's arguments (where its schema has them) and calls ``torch.ops.btlib_cpu_<isa>.<op>`` of the build :func:`build.isa` picks. Shapes:
 
     attention_v1/v2(q, k, v, *, lengths=None, causal=False, scale=None)
     attention_v3(q, k, v, *, lengths=None, causal=False, scale=None, window=None, bias=None)
@@ -19,7 +20,7 @@ Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen. bf16 sums in fp3
 AVX512_BF16 both products run on vdpbf16ps (P is rounded to bf16 for P V, as PyTorch does);
 elsewhere bf16 is converted to fp32 while packing. The output is rounded to bf16 once.
 
-torch.compile: every op has a fake kernel (fake.py), so these wrappers trace with fullgraph=True and the
+torch.compile: every op has a fake kernel (schema.py), so these wrappers trace with fullgraph=True and the
 op lands in the graph; the build's load and the bf16 warning run once while dynamo traces, not in the graph.
 """
 
@@ -38,10 +39,9 @@ from ...hardware import bf16_native
 from ...position_bias import PositionBias, kernel_args
 from ..registry import Kernel, register
 from . import build
+from .schema import MAX_HEAD_DIM, OPS, call_args
 
 __all__ = ["attention_v1", "attention_v2", "attention_v3", "varlen_attention_v3", "varlen_attention_amx", "MAX_HEAD_DIM"]
-
-MAX_HEAD_DIM = 256  # kMaxD in core.h
 
 
 def _scale(q: Tensor, scale: float | None) -> float:
@@ -86,74 +86,71 @@ def _bf16_verdict() -> None:
         "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=4)
 
 
-def attention_v1(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                 scale: float | None = None) -> Tensor:
-    """v1: materialise S = Q K^T (T x S per (b, h)), softmax, P V. (B, H, T, D) float32."""
-    return build.ops().attention_v1(q, k, v, lengths, causal, _scale(q, scale))
+def _wrapper(name: str):
+    """The Python wrapper of op ``name``, derived from its schema (schema.OPS): the registry's call convention
+    (keywords; ``window`` and ``bias`` where the schema has their arguments) turned into the op's arguments."""
+    op = OPS[name]
+    spec = op.args  # parsed once; the call only looks names up
+    window, bias, bf16 = "window_left" in op.arg_names, "bias" in op.arg_names, torch.bfloat16 in op.dtypes
+
+    def call(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, win, pos_bias, given: dict) -> Tensor:
+        if bf16:
+            _check_bf16(q)
+        if win is not None and not window:
+            raise TypeError(f"{name} takes no window (its schema has no window_left / window_right)")
+        if pos_bias is not None and not bias:
+            raise TypeError(f"{name} takes no position bias (its schema has no bias)")
+        given.update(q=q, k=k, v=v, causal=causal, scale=_scale(q, scale))
+        if window:
+            given["window_left"], given["window_right"] = window_reach(win)
+        if bias:
+            given["bias"], given["bias_kind"], given["bias_max_distance"] = kernel_args(pos_bias)
+        return getattr(build.ops(), name)(*call_args(spec, given))
+
+    if "cu_seqlens" in op.arg_names:
+        def fn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
+               scale: float | None = None, window: tuple[int, int] | None = None, bias: PositionBias | None = None) -> Tensor:
+            max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)
+            return call(q, k, v, causal, scale, window, bias, {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen})
+    else:
+        def fn(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
+               scale: float | None = None, window: tuple[int, int] | None = None, bias: PositionBias | None = None) -> Tensor:
+            return call(q, k, v, causal, scale, window, bias, {"lengths": lengths})
+    fn.__name__ = fn.__qualname__ = _PYTHON_NAMES[name]
+    fn.__doc__ = f"torch.ops.btlib_cpu_<isa>.{op.schema}\n\n{op.doc}"
+    return fn
 
 
-def attention_v2(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                 scale: float | None = None) -> Tensor:
-    """v2: Br x Bc tiles, two passes over K (max, then exp-sum and P V). (B, H, T, D) float32."""
-    return build.ops().attention_v2(q, k, v, lengths, causal, _scale(q, scale))
+_PYTHON_NAMES = {"attention_v1": "attention_v1", "attention_v2": "attention_v2", "attention_v3": "attention_v3",
+                 "varlen_v3": "varlen_attention_v3", "varlen_amx": "varlen_attention_amx"}
+attention_v1 = _wrapper("attention_v1")
+attention_v2 = _wrapper("attention_v2")
+attention_v3 = _wrapper("attention_v3")
+varlen_attention_v3 = _wrapper("varlen_v3")
+varlen_attention_amx = _wrapper("varlen_amx")
 
 
-def attention_v3(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
-                 scale: float | None = None, window: tuple[int, int] | None = None,
-                 bias: PositionBias | None = None) -> Tensor:
-    """v3: one pass, online softmax, SIMD micro-kernels, threads over (b, h, query block). (B, H, T, D) fp32/bf16.
-
-    window=(left, right): local attention; only the key tiles meeting a query block's band are computed.
-    bias: a btlib.PositionBias of H heads on the CPU, added per score in the tile loop.
-    """
-    _check_bf16(q)
-    return build.ops().attention_v3(q, k, v, lengths, causal, _scale(q, scale), *window_reach(window), *kernel_args(bias))
-
-
-def varlen_attention_v3(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                        scale: float | None = None, window: tuple[int, int] | None = None,
-                        bias: PositionBias | None = None) -> Tensor:
-    """v3 on packed tokens: (total, H, D) fp32/bf16, cu_seqlens (B + 1,) int32; work 4 H D sum(L_i^2), with
-    window=(left, right) about 4 H D sum_i L_i (64 + left + right) (whole 64-key tiles around each block's band).
-
-    max_seqlen only bounds the lengths here: on a CPU the kernel reads cu_seqlens itself (host memory,
-    B integers, no sync) and makes one task per real query block, so nothing is sized by it. The GPU
-    kernels size their grid by it instead of reading the lengths back from the device.
-    bias: a btlib.PositionBias, positions counted from each sequence's first token.
-    """
-    _check_bf16(q)
-    max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)
-    return build.ops().varlen_v3(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window),
-                                 *kernel_args(bias))
-
-
-def varlen_attention_amx(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, *, causal: bool = False,
-                         scale: float | None = None, window: tuple[int, int] | None = None,
-                         bias: PositionBias | None = None) -> Tensor:
-    """:func:`varlen_attention_v3` with both products on AMX tiles (flash_amx.h): (total, H, D) bfloat16 only,
-    cu_seqlens (B + 1,) int32. The online softmax, masks, window and bias are v3's own code (AVX-512, fp32);
-    P is rounded to bf16 for P V, as on the vdpbf16ps path. Runs where :func:`build.amx_available` is None.
-    """
-    max_seqlen = check_int(max_seqlen, "max_seqlen", high=INT32_MAX)
-    return build.ops().varlen_amx(q, k, v, cu_seqlens, max_seqlen, causal, _scale(q, scale), *window_reach(window),
-                                  *kernel_args(bias))
-
-
-_F32 = (torch.float32,)
-_F32_BF16 = (torch.float32, torch.bfloat16)
 _common = dict(backend="cpp", devices=("cpu",), max_head_dim=MAX_HEAD_DIM, available=build.available)
 
-register(Kernel("cpu_naive_v1", "padded", attention_v1, dtypes=_F32, priority=-50,
+
+def _from_schema(name: str) -> dict:
+    """What a registry entry takes from the op's schema: its dtypes, and whether it has a window and a bias."""
+    op = OPS[name]
+    return dict(dtypes=op.dtypes, window="window_left" in op.arg_names, bias="bias" in op.arg_names)
+
+
+register(Kernel("cpu_naive_v1", "padded", attention_v1, priority=-50, **_from_schema("attention_v1"),
                 description="C++ v1: materialise S = QK^T, softmax, PV (plain loops)", **_common))
-register(Kernel("cpu_tiled_v2", "padded", attention_v2, dtypes=_F32, priority=-40,
+register(Kernel("cpu_tiled_v2", "padded", attention_v2, priority=-40, **_from_schema("attention_v2"),
                 description="C++ v2: key/value tiles, two passes over K (plain loops)", **_common))
-register(Kernel("cpu_flash_v3", "padded", attention_v3, dtypes=_F32_BF16, priority=10, window=True, bias=True,
+register(Kernel("cpu_flash_v3", "padded", attention_v3, priority=10, **_from_schema("attention_v3"),
                 description="C++ v3: one-pass online softmax, SIMD micro-kernels, threads over (b, h, block); "
                             "a window skips the key tiles outside it", **_common))
-register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, dtypes=_F32_BF16, priority=10, window=True, bias=True,
+register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, priority=10, **_from_schema("varlen_v3"),
                 description="C++ v3 on packed tokens + cu_seqlens: no work on padding (nor outside a window)", **_common))
 # Where AMX runs, "auto" times it against cpu_flash_varlen and PyTorch's SDPA loop (btlib.kernels.choice); the
 # priority above cpu_flash_varlen only breaks a tie within 3% (and orders the calls that are not measured).
-register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx, dtypes=(torch.bfloat16,), priority=20, window=True, bias=True,
+register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx, priority=20,
+                **{**_from_schema("varlen_amx"), "dtypes": (torch.bfloat16,)},  # fp32 in and out has bf16's error
                 description="C++ v3 on packed tokens with Q K^T and P V on AMX tiles (bf16; Intel Xeon since Sapphire Rapids)",
                 **{**_common, "available": build.amx_available}))
