@@ -145,15 +145,11 @@ def test_first_use_from_four_threads_at_once():
 def test_failed_provider_import_is_not_silently_half_loaded(monkeypatch):
     monkeypatch.setattr(registry, "_loaded", False)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_PROVIDERS", registry._PROVIDERS + ("btlib.kernels._broken_for_test",))
-    sys.modules.pop("btlib.kernels._broken_for_test", None)
 
-    def broken(name, *a, **k):
-        if name == "btlib.kernels._broken_for_test":
-            raise RuntimeError("boom")
-        return __import__(name, fromlist=["_"])
+    def _import__broken_for_test():  # a provider whose import raises (the registry names it btlib.kernels._broken_for_test)
+        raise RuntimeError("boom")
 
-    monkeypatch.setattr(registry.importlib, "import_module", broken)
+    monkeypatch.setattr(registry, "_PROVIDERS", registry._PROVIDERS + (_import__broken_for_test,))
     for _ in range(2):  # every call raises, not just the first
         with pytest.raises(ImportError, match="could not load the kernel provider btlib.kernels._broken_for_test: RuntimeError: boom"):
             registry.select("padded", torch.randn(1, 1, 2, 8), False)

@@ -17,8 +17,11 @@ naming one raises ("has no position bias"), so no kernel ever ignores a bias.
 Every padded kernel follows btlib.reference_attention's conventions (rows t >= lengths[b]
 are 0; a query row with no key to attend is 0).
 
-Kernel modules register on import; the registry imports them on first use (``_PROVIDERS``),
-which is cheap: compiled kernels build on their first *call*, never at import. Loading is
+Kernel modules register on import; the registry imports them on first use, by name: btlib/kernels/__init__.py
+holds one function per provider, each a plain ``from . import ...`` a reader and an IDE can follow, and hands
+them over (:func:`use_providers`; the registry cannot import them itself, since every provider imports it). That
+is cheap: compiled kernels build on their first *call*, never at import, and the Triton and CUDA providers
+import neither triton nor a CUDA toolchain until then. Loading is
 thread-safe: the first caller imports every provider under a lock while the others wait, and
 the registry counts as loaded only once all imports succeeded (a provider that fails to import
 raises on every call, rather than leaving "auto" to pick among the kernels that did load).
@@ -30,7 +33,6 @@ and naming one raises, so no call silently returns an output detached from its i
 
 from __future__ import annotations
 
-import importlib
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Literal
@@ -39,7 +41,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Kernel", "CpuRun", "register", "get", "kernels", "select", "needs_grad", "relative_error", "window_kwargs",
-           "bias_kwargs", "use_ranking"]
+           "bias_kwargs", "use_ranking", "use_providers"]
 
 Layout = Literal["padded", "varlen"]
 
@@ -54,7 +56,6 @@ LOW_PRECISION_FACTOR = 2.0
 EXACT = (torch.float32, torch.float64)  # the dtypes held to FP32_TOL
 _ULP32 = 1.2e-7  # floor of a low-precision tolerance: SDPA can round a tiny case exactly
 
-_PROVIDERS = ("btlib.kernels.torch_ops", "btlib.kernels.cpu", "btlib.kernels.triton", "btlib.kernels.cuda")
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class Kernel:
 
 _REGISTRY: dict[str, Kernel] = {}
 _ranking: Callable[..., tuple[str, ...] | None] | None = None  # btlib.kernels.choice.ranking, handed over by use_ranking
+_PROVIDERS: tuple[Callable[[], None], ...] = ()  # btlib.kernels' provider imports, handed over by use_providers
 _loaded = False
 _load_lock = threading.RLock()  # re-entrant: a provider's import may itself ask the registry
 
@@ -162,23 +164,30 @@ def register(kernel: Kernel) -> Kernel:
     return kernel
 
 
+def use_providers(providers: tuple[Callable[[], None], ...]) -> None:
+    """What btlib/kernels/__init__.py hands over when imported: one function per kernel provider, in the order they
+    register, named ``_import_<module>``; each imports its provider by name (which registers its kernels)."""
+    global _PROVIDERS
+    _PROVIDERS = tuple(providers)
+
+
 def _load() -> None:
     global _loaded
     if _loaded:  # set only after every provider imported: a True read needs no lock
         return
     with _load_lock:
-        if _loaded:
+        if _loaded or not _PROVIDERS:  # none yet: a call while btlib/kernels/__init__.py imports, before the hand-over
             return
-        for mod in _PROVIDERS:
+        for provider in _PROVIDERS:
+            mod = f"{__package__}.{provider.__name__.removeprefix('_import_')}"
             before = dict(_REGISTRY)
             try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as e:  # a provider package not written (yet) is not an error
-                if e.name != mod:
-                    _REGISTRY.clear()
-                    _REGISTRY.update(before)
-                    raise ImportError(f"btlib could not load the kernel provider {mod}: {e}. "
-                                      "Install what it names (pip install -e . in the btlib checkout)") from e
+                provider()
+            except ModuleNotFoundError as e:
+                _REGISTRY.clear()
+                _REGISTRY.update(before)
+                raise ImportError(f"btlib could not load the kernel provider {mod}: {e}. "
+                                  "Install what it names (pip install -e . in the btlib checkout)") from e
             except Exception as e:
                 # Python drops a failed module from sys.modules, so the next call imports it again:
                 # forget what it registered halfway, or that import would clash with these names.
