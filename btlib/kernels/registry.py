@@ -58,6 +58,31 @@ _ULP32 = 1.2e-7  # floor of a low-precision tolerance: SDPA can round a tiny cas
 
 
 
+# Kernel choice, in one place: the order backend="auto" tries the kernels in. On CPU fp32 / bf16 tensors "auto" takes
+# the candidate measured fastest on this machine (btlib.kernels.choice; candidates: priority >= 0), and this order only
+# breaks a tie within 3%; it alone orders what is not measured (GPU tensors, other dtypes, a call of a kernel that is
+# not a candidate, BTLIB_ATTENTION_CHOICE=priority). Below 0: never timed, taken only where nothing above runs. Which
+# instruction-set body a C++ kernel runs is its folder's choice (cpu/build.py: the build; flash.h: the micro-kernel).
+PRIORITY = {
+    # padded (B, H, T, D)
+    "cpu_flash_v3": 10,            # btlib's FlashAttention: SIMD micro-kernels, skips tiles outside a window
+    "torch_sdpa": 0,               # PyTorch's SDPA with a mask: differentiable, every dtype and device
+    "triton_flash": -5,            # GPU kernels not yet run on a GPU (triton/ops.py, cuda/ops.py say so)
+    "cuda_flash": -20,
+    "cpu_tiled_v2": -40,           # the teaching versions: slow on purpose
+    "cpu_naive_v1": -50,
+    "reference": -100,             # the oracle
+    # varlen (total, H, D) + cu_seqlens
+    "cpu_amx_varlen": 20,          # where AMX runs (bf16); "auto" times it against cpu_flash_varlen and the SDPA loop
+    "cpu_flash_varlen": 10,
+    "torch_sdpa_loop": 0,
+    "triton_flash_varlen": -5,
+    "torch_sdpa_nested": -10,      # no causal mask; re-pads on a CPU
+    "cuda_flash_varlen": -20,
+    "reference_varlen": -100,
+}
+
+
 @dataclass(frozen=True)
 class CpuRun:
     """How a GPU kernel's own source runs on CPU tensors, so its check needs no GPU.
@@ -78,7 +103,8 @@ class Kernel:
 
     name: unique, e.g. "cpu_flash_v3"; backend: "torch", "cpp", "triton", "cuda".
     available: returns None when the kernel can run here, else the reason it cannot.
-    priority: ``backend="auto"`` picks the available kernel with the highest priority.
+    priority: the tie-break of ``backend="auto"`` (the available kernel with the highest priority where nothing is
+        measured); None (the default): :data:`PRIORITY`'s entry for ``name``, else 0.
     differentiable: autograd can differentiate ``fn`` (it is built from PyTorch ops); False for
         compiled kernels, whose output is detached from q, k, v.
     reference: the oracle ``fn`` is checked against, with ``fn``'s signature; defaults to the
@@ -98,7 +124,7 @@ class Kernel:
     description: str
     reference: Callable[..., Tensor] | None = None
     tol: float = FP32_TOL
-    priority: int = 0
+    priority: int | None = None
     causal: bool = True
     window: bool = False
     bias: bool = False
@@ -108,6 +134,8 @@ class Kernel:
     cpu_run: CpuRun | None = None
 
     def __post_init__(self):
+        if self.priority is None:
+            object.__setattr__(self, "priority", PRIORITY.get(self.name, 0))
         if self.reference is None:
             from ..reference import reference_attention, reference_varlen_attention
 

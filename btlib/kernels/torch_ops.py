@@ -170,15 +170,15 @@ def torch_sdpa_nested(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=No
 
 
 register(Kernel("reference", "padded", reference, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", priority=-100, differentiable=True,
+                "naive matmul-softmax-matmul, the oracle (T x T scores in memory)", differentiable=True,
                 window=True, bias=True))
 register(Kernel("torch_sdpa", "padded", torch_sdpa, "torch", ("cpu", "cuda"), _ALL_FLOATS,
                 "F.scaled_dot_product_attention with a boolean key-padding mask (and window band, position bias)",
-                priority=0, differentiable=True, window=True, bias=True))
+                differentiable=True, window=True, bias=True))
 register(Kernel("reference_varlen", "varlen", reference_varlen, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "repad, naive attention, unpad: the varlen oracle", priority=-100, differentiable=True, window=True, bias=True))
+                "repad, naive attention, unpad: the varlen oracle", differentiable=True, window=True, bias=True))
 register(Kernel("torch_sdpa_loop", "varlen", torch_sdpa_loop, "torch", ("cpu", "cuda"), _ALL_FLOATS,
                 "one F.scaled_dot_product_attention call per sequence (window: a band mask each; bias: a float mask)",
-                priority=0, differentiable=True, window=True, bias=True))
+                differentiable=True, window=True, bias=True))
 register(Kernel("torch_sdpa_nested", "varlen", torch_sdpa_nested, "torch", ("cpu", "cuda"), _ALL_FLOATS,
-                "F.scaled_dot_product_attention on a torch.nested jagged tensor", priority=-10, causal=False, differentiable=True))
+                "F.scaled_dot_product_attention on a torch.nested jagged tensor", causal=False, differentiable=True))

@@ -139,18 +139,18 @@ def _from_schema(name: str) -> dict:
     return dict(dtypes=op.dtypes, window="window_left" in op.arg_names, bias="bias" in op.arg_names)
 
 
-register(Kernel("cpu_naive_v1", "padded", attention_v1, priority=-50, **_from_schema("attention_v1"),
+# Which of these "auto" takes is the registry's choice (registry.PRIORITY, and what btlib.kernels.choice measures);
+# which instruction-set body each runs is this folder's (build.isa(): the library; flash.h: the micro-kernels).
+register(Kernel("cpu_naive_v1", "padded", attention_v1, **_from_schema("attention_v1"),
                 description="C++ v1: materialise S = QK^T, softmax, PV (plain loops)", **_common))
-register(Kernel("cpu_tiled_v2", "padded", attention_v2, priority=-40, **_from_schema("attention_v2"),
+register(Kernel("cpu_tiled_v2", "padded", attention_v2, **_from_schema("attention_v2"),
                 description="C++ v2: key/value tiles, two passes over K (plain loops)", **_common))
-register(Kernel("cpu_flash_v3", "padded", attention_v3, priority=10, **_from_schema("attention_v3"),
+register(Kernel("cpu_flash_v3", "padded", attention_v3, **_from_schema("attention_v3"),
                 description="C++ v3: one-pass online softmax, SIMD micro-kernels, threads over (b, h, block); "
                             "a window skips the key tiles outside it", **_common))
-register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, priority=10, **_from_schema("varlen_v3"),
+register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, **_from_schema("varlen_v3"),
                 description="C++ v3 on packed tokens + cu_seqlens: no work on padding (nor outside a window)", **_common))
-# Where AMX runs, "auto" times it against cpu_flash_varlen and PyTorch's SDPA loop (btlib.kernels.choice); the
-# priority above cpu_flash_varlen only breaks a tie within 3% (and orders the calls that are not measured).
-register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx, priority=20,
+register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx,
                 **{**_from_schema("varlen_amx"), "dtypes": (torch.bfloat16,)},  # fp32 in and out has bf16's error
                 description="C++ v3 on packed tokens with Q K^T and P V on AMX tiles (bf16; Intel Xeon since Sapphire Rapids)",
                 **{**_common, "available": build.amx_available}))

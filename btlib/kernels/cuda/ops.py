@@ -9,7 +9,7 @@ Both take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; su
 in the input dtype. The extension builds on the first call (build.py); ``cuda_available()`` only
 looks (a CUDA torch, a GPU, nvcc), never compiles.
 
-Registered below btlib's PyTorch kernels (priority < 0): none of this has run on a GPU yet (see
+Ranked below btlib's PyTorch kernels (registry.PRIORITY < 0): none of this has run on a GPU yet (see
 README, Caveats), so ``backend="auto"`` keeps PyTorch's kernels on CUDA tensors; name a kernel
 (``backend="cuda_flash"``) to use it.
 """
@@ -66,7 +66,7 @@ def cuda_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, m
 
 
 # Without a GPU the check still runs the kernel's own source, on CPU threads (emulate.py).
-_cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-20,
+_cuda = dict(backend="cuda", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM,
              available=cuda_available, window=True, bias=True)
 
 register(Kernel("cuda_flash", "padded", cuda_attention,

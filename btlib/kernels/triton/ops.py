@@ -9,7 +9,7 @@ Both take CUDA tensors in fp16, bf16 or fp32 with head_dim <= 128 contiguous; su
 in the input dtype. Nothing here imports triton or touches the GPU until a kernel is called:
 ``triton_available()`` only looks (is triton installed? is this a CUDA torch with a GPU?).
 
-Registered below btlib's PyTorch kernels (priority < 0): none of this has run on a GPU yet (see
+Ranked below btlib's PyTorch kernels (registry.PRIORITY < 0): none of this has run on a GPU yet (see
 README, Caveats), so ``backend="auto"`` keeps PyTorch's kernels on CUDA tensors; name a kernel
 (``backend="triton_flash"``) to use it.
 """
@@ -67,7 +67,7 @@ def _interpreter_available() -> str | None:
 
 
 # Without a GPU the check still runs the kernel's own source, in Triton's interpreter.
-_triton = dict(backend="triton", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM, priority=-5,
+_triton = dict(backend="triton", devices=("cuda",), dtypes=DTYPES, max_head_dim=MAX_HEAD_DIM,
                available=triton_available, cpu_run=CpuRun("interpreter", _interpreter_available), window=True, bias=True)
 
 register(Kernel("triton_flash", "padded", triton_attention,
