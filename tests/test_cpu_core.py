@@ -15,7 +15,7 @@ import pytest
 from btlib.kernels.cpu import build
 
 CHECK = build.HERE / "core_check.cpp"
-FLAGS = ["-O2", "-std=c++17", "-pthread"]
+FLAGS = ["-O2", "-std=c++17", "-pthread", *(f"-I{d}" for d in build.include_dirs())]  # the families include core.h by name
 
 
 def _compile_and_run(cxx: str, flags: list[str], out, runner: list[str] | None = None) -> str:

@@ -131,11 +131,11 @@ def test_bad_integer_arguments_say_what_to_pass(call, err, match):
 
 
 def _cpu_varlen(*args):
-    from btlib.kernels.cpu import build, ops
+    from btlib.kernels.cpu import build, flash
 
     if build.available() is not None:
         pytest.skip(f"the C++ kernels cannot build here: {build.available()}")
-    return ops.varlen_attention_v3(*args)
+    return flash.varlen_attention_v3(*args)
 
 
 def _qkv(total=3):

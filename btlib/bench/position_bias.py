@@ -1,6 +1,6 @@
 """What a position bias costs btlib's CPU kernels: time against the same kernel without one, and memory.
 
-The issue's targets for the in-kernel bias (btlib/position_bias.py, added per tile in kernels/cpu/flash.h):
+The issue's targets for the in-kernel bias (btlib/position_bias.py, added per tile in kernels/cpu/flash/flash.h):
 no (T, T) tensor allocated (peak memory measured at T = 4096) and within 10% of the same kernel without bias.
 
 ``attention_bias``: one attention call, fp32, heads of BERT / MPNet-base (H 12, D 64; MiniLM: ``--set D=32``),

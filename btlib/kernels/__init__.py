@@ -15,7 +15,7 @@ def _import_torch_ops() -> None:
 
 
 def _import_cpu() -> None:
-    from .cpu import ops  # noqa: F401  btlib's C++ CPU kernels (compiled on their first call)
+    from .cpu import flash, teaching  # noqa: F401  btlib's C++ CPU kernels, one folder per family (compiled on first call)
 
 
 def _import_triton() -> None:

@@ -12,12 +12,13 @@
 
 Every load first defines the ops from their one schema (schema.py: schema, fake kernel, Autograd
 fallthrough), so torch.compile traces them and torch.library.opcheck passes on each; the library then
-adds each op's CPU kernel (attention.cpp's TORCH_LIBRARY_IMPL).
+adds each op's CPU kernel (each family's TORCH_LIBRARY_IMPL).
 
-The source is attention.cpp (the torch binding) and the torch-free kernel headers next to it
-(core.h, vec.h, teaching.h, flash.h, flash_tiles.h, flash_bf16dot.h, flash_amx.h). One library per instruction
-set, named ``btlib_cpu_attention_<isa>`` and registering its ops as ``torch.ops.btlib_cpu_<isa>``,
-so several builds load side by side in one process. Cached in ``$TORCH_EXTENSIONS_DIR/<name>/``
+The source is one folder per kernel family, its torch binding and its torch-free headers (flash/: flash.cpp,
+flash.h, flash_tiles.h, flash_bf16dot.h, flash_amx.h; teaching/: teaching.cpp, teaching.h), and the headers they
+share here (core.h, vec.h, binding.h). One library per instruction set, compiled from attention.cpp (one
+translation unit that includes every family's .cpp), named ``btlib_cpu_attention_<isa>`` and registering its
+ops as ``torch.ops.btlib_cpu_<isa>``, so several builds load side by side in one process. Cached in ``$TORCH_EXTENSIONS_DIR/<name>/``
 (the Makefile points it at build/torch_extensions; torch's default is ~/.cache/torch_extensions).
 Every build goes through btlib/kernels/_build.py: built once per process, announced on stderr when it
 compiles, and a failed build remembered with the compiler's first errors (no compile per call after it).
@@ -57,14 +58,22 @@ from .._build import Extension
 from . import schema
 
 __all__ = ["load", "ops", "load_copy", "available", "amx_available", "isa_flags", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
-           "gemm_available", "SOURCE", "HEADER", "HEADERS", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
+           "gemm_available", "SOURCE", "FOLDERS", "SOURCES", "HEADER", "HEADERS", "include_dirs", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "attention.cpp"
+FOLDERS = ("flash", "teaching")  # one folder per kernel family: <folder>/<folder>.cpp binds its torch-free headers
+SOURCE = HERE / "attention.cpp"  # the library's one translation unit: it includes every family's .cpp
+SOURCES = [SOURCE, *(HERE / f / f"{f}.cpp" for f in FOLDERS)]
 HEADER = HERE / "vec.h"
 INT8_SOURCE = HERE / "int8.cpp"  # btlib.quant's quantize / dequantize passes (a pybind11 module)
 GEMM_SOURCE = HERE / "gemm.cpp"  # btlib.gemm's "btlib" path: fp32 GEMM on pre-packed column panels (pybind11)
-HEADERS = [HERE / n for n in ("core.h", "vec.h", "teaching.h", "flash.h", "flash_tiles.h", "flash_bf16dot.h", "flash_amx.h")]
+HEADERS = [HERE / n for n in ("core.h", "vec.h", "binding.h")] + [h for f in FOLDERS for h in sorted((HERE / f).glob("*.h"))]
+
+
+def include_dirs(root: Path = HERE) -> list[Path]:
+    """The -I folders of the attention library: the shared headers' (core.h, vec.h, binding.h), which the families'
+    files include by name; a family's own headers are found beside it."""
+    return [root]
 
 _FLAGS = {
     "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512"],
@@ -191,9 +200,9 @@ def load(isa: str | None = None) -> str:
     """
     isa_ = _checked_isa(isa)
     schema.define(f"btlib_cpu_{isa_}")  # the ops' schemas and fake kernels, before the library adds its CPU kernels
-    info = _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[SOURCE, *HEADERS], sources=[str(SOURCE)],
+    info = _ext.load(_name(isa_), f"btlib_cpu_{isa_}", detail=isa_, depends=[*SOURCES, *HEADERS], sources=[str(SOURCE)],
                      extra_cflags=_cflags(isa_, f"btlib_cpu_{isa_}"), extra_ldflags=list(_thread_flags()),
-                     extra_include_paths=[str(HERE)])
+                     extra_include_paths=list(map(str, include_dirs())))
     return info
 
 
@@ -222,7 +231,8 @@ def _loaded_namespace(isa: str | None) -> str:
 
 
 def load_copy(folder: str | Path, tag: str, isa: str | None = None):
-    """Build ``folder``'s attention.cpp and headers (an edited copy of :data:`HERE`) as a library of its own.
+    """Build ``folder``'s kernel sources and headers (an edited copy of :data:`HERE`, its family folders included)
+    as a library of its own.
 
     For experiments such as another key tile: copy this folder, change ``Bc`` in the copy's core.h,
     then ``load_copy(copy, "bc128")``. The copy registers ``torch.ops.btlib_cpu_<isa>_<tag>`` (the ops
@@ -235,14 +245,17 @@ def load_copy(folder: str | Path, tag: str, isa: str | None = None):
     if not tag.isidentifier() or not tag.isascii():
         raise ValueError(f"tag must be letters, digits and _ (it names a library and an op namespace); got {tag!r}")
     folder = Path(folder).resolve()
-    if not (folder / SOURCE.name).is_file():
-        raise FileNotFoundError(f"{folder} has no {SOURCE.name}: copy the whole folder {HERE.name}/ (shutil.copytree(build.HERE, ...))")
+    sources = [folder / s.relative_to(HERE) for s in SOURCES]
+    missing = [s.relative_to(folder).as_posix() for s in sources if not s.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} has no {', '.join(missing)}: copy the whole folder {HERE.name}/ "
+                                "(shutil.copytree(build.HERE, ...))")
     namespace, name = f"btlib_cpu_{isa_}_{tag}", f"btlib_cpu_attention_{isa_}_{tag}"
     schema.define(namespace)  # the copy implements the same ops: the same schemas and fake kernels
     # not remembered: a copy that fails to compile is fixed and loaded again under the same tag
-    _ext.load(name, namespace, detail=f"{isa_}, copy {folder.name}/ {tag}", depends=[folder / SOURCE.name, *folder.glob("*.h")],
-              remember_failure=False, sources=[str(folder / SOURCE.name)], extra_cflags=_cflags(isa_, namespace),
-              extra_ldflags=list(_thread_flags()), extra_include_paths=[str(folder)])
+    _ext.load(name, namespace, detail=f"{isa_}, copy {folder.name}/ {tag}", depends=[*sources, *folder.rglob("*.h")],
+              remember_failure=False, sources=[str(sources[0])], extra_cflags=_cflags(isa_, namespace),
+              extra_ldflags=list(_thread_flags()), extra_include_paths=list(map(str, include_dirs(folder))))
     return getattr(torch.ops, namespace)
 
 

@@ -1,4 +1,4 @@
-// core_check.cpp: the torch-free kernel core (teaching.h, flash.h) against a double-precision
+// core_check.cpp: the torch-free kernel core (teaching/teaching.h, flash/flash.h) against a double-precision
 // reference, in one program: every version, fp32 and bf16, padded and varlen, on sizes that are
 // not tile multiples, fully padded rows, causal on and off, local windows (v3 and varlen), and
 // NaN/inf in q, k, v at real and padded positions, and position biases (ALiBi, a table) with and
@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "flash.h"
-#include "flash_amx.h"
-#include "teaching.h"
+#include "flash/flash.h"
+#include "flash/flash_amx.h"
+#include "teaching/teaching.h"
 
 using namespace btlib_core;
 

@@ -1,5 +1,8 @@
-"""Python wrappers of the C++ CPU kernels (attention.cpp), derived from each op's one schema (schema.OPS), and
-their registry entries.
+"""The Python op of each C++ CPU kernel, derived from its one schema (schema.OPS): the wrapper and the registry
+fields every family's folder (flash/, teaching/) takes from here.
+
+    wrapper(name, python_name)   the wrapper of torch.ops.btlib_cpu_<isa>.<name>
+    entry(name)                  its Kernel's fields that follow from the build and the schema
 
 Each wrapper builds the library on its first call (build.ops), fills in the default scale, turns window=
 and bias= into the op's arguments (where its schema has them) and calls ``torch.ops.btlib_cpu_<isa>.<op>`` of the build :func:`build.isa` picks. Shapes:
@@ -14,7 +17,7 @@ and bias= into the op's arguments (where its schema has them) and calls ``torch.
 window=(left, right): local attention, query i attends keys i - left .. i + right; v3 and varlen
 visit only the key tiles that meet each query block's band (v1/v2, the teaching versions, take none).
 bias=btlib.PositionBias (ALiBi or a relative-position table): v3 and varlen add it per score inside the
-tile loop (flash.h), from the positions within each sequence; v1/v2 take none (the registry says so).
+tile loop (flash/flash.h), from the positions within each sequence; v1/v2 take none (the registry says so).
 
 Only float32 for v1/v2; float32 and bfloat16 for v3 and varlen. bf16 sums in fp32: on a CPU with
 AVX512_BF16 both products run on vdpbf16ps (P is rounded to bf16 for P V, as PyTorch does);
@@ -37,11 +40,10 @@ from ..._compile import constant_result
 from ...checks import INT32_MAX, check_int, window_reach
 from ...hardware import bf16_native
 from ...position_bias import PositionBias, kernel_args
-from ..registry import Kernel, register
 from . import build
 from .schema import MAX_HEAD_DIM, OPS, call_args
 
-__all__ = ["attention_v1", "attention_v2", "attention_v3", "varlen_attention_v3", "varlen_attention_amx", "MAX_HEAD_DIM"]
+__all__ = ["wrapper", "entry", "MAX_HEAD_DIM"]
 
 
 def _scale(q: Tensor, scale: float | None) -> float:
@@ -86,9 +88,10 @@ def _bf16_verdict() -> None:
         "pass fp32 tensors (or precision='auto', which picks fp32 here) for the same speed without the rounding."), stacklevel=4)
 
 
-def _wrapper(name: str):
-    """The Python wrapper of op ``name``, derived from its schema (schema.OPS): the registry's call convention
-    (keywords; ``window`` and ``bias`` where the schema has their arguments) turned into the op's arguments."""
+def wrapper(name: str, python_name: str):
+    """The Python wrapper of op ``name`` (called ``python_name``), derived from its schema (schema.OPS): the registry's
+    call convention (keywords; ``window`` and ``bias`` where the schema has their arguments) turned into the op's
+    arguments."""
     op = OPS[name]
     spec = op.args  # parsed once; the call only looks names up
     window, bias, bf16 = "window_left" in op.arg_names, "bias" in op.arg_names, torch.bfloat16 in op.dtypes
@@ -116,41 +119,14 @@ def _wrapper(name: str):
         def fn(q: Tensor, k: Tensor, v: Tensor, *, lengths: Tensor | None = None, causal: bool = False,
                scale: float | None = None, window: tuple[int, int] | None = None, bias: PositionBias | None = None) -> Tensor:
             return call(q, k, v, causal, scale, window, bias, {"lengths": lengths})
-    fn.__name__ = fn.__qualname__ = _PYTHON_NAMES[name]
+    fn.__name__ = fn.__qualname__ = python_name
     fn.__doc__ = f"torch.ops.btlib_cpu_<isa>.{op.schema}\n\n{op.doc}"
     return fn
 
 
-_PYTHON_NAMES = {"attention_v1": "attention_v1", "attention_v2": "attention_v2", "attention_v3": "attention_v3",
-                 "varlen_v3": "varlen_attention_v3", "varlen_amx": "varlen_attention_amx"}
-attention_v1 = _wrapper("attention_v1")
-attention_v2 = _wrapper("attention_v2")
-attention_v3 = _wrapper("attention_v3")
-varlen_attention_v3 = _wrapper("varlen_v3")
-varlen_attention_amx = _wrapper("varlen_amx")
-
-
-_common = dict(backend="cpp", devices=("cpu",), max_head_dim=MAX_HEAD_DIM, available=build.available)
-
-
-def _from_schema(name: str) -> dict:
-    """What a registry entry takes from the op's schema: its dtypes, and whether it has a window and a bias."""
+def entry(name: str) -> dict:
+    """The registry fields of op ``name``'s Kernel that are not the family's to say: backend, device, head_dim limit,
+    availability (the build), and, from its schema, its dtypes and whether it has a window and a bias."""
     op = OPS[name]
-    return dict(dtypes=op.dtypes, window="window_left" in op.arg_names, bias="bias" in op.arg_names)
-
-
-# Which of these "auto" takes is the registry's choice (registry.PRIORITY, and what btlib.kernels.choice measures);
-# which instruction-set body each runs is this folder's (build.isa(): the library; flash.h: the micro-kernels).
-register(Kernel("cpu_naive_v1", "padded", attention_v1, **_from_schema("attention_v1"),
-                description="C++ v1: materialise S = QK^T, softmax, PV (plain loops)", **_common))
-register(Kernel("cpu_tiled_v2", "padded", attention_v2, **_from_schema("attention_v2"),
-                description="C++ v2: key/value tiles, two passes over K (plain loops)", **_common))
-register(Kernel("cpu_flash_v3", "padded", attention_v3, **_from_schema("attention_v3"),
-                description="C++ v3: one-pass online softmax, SIMD micro-kernels, threads over (b, h, block); "
-                            "a window skips the key tiles outside it", **_common))
-register(Kernel("cpu_flash_varlen", "varlen", varlen_attention_v3, **_from_schema("varlen_v3"),
-                description="C++ v3 on packed tokens + cu_seqlens: no work on padding (nor outside a window)", **_common))
-register(Kernel("cpu_amx_varlen", "varlen", varlen_attention_amx,
-                **{**_from_schema("varlen_amx"), "dtypes": (torch.bfloat16,)},  # fp32 in and out has bf16's error
-                description="C++ v3 on packed tokens with Q K^T and P V on AMX tiles (bf16; Intel Xeon since Sapphire Rapids)",
-                **{**_common, "available": build.amx_available}))
+    return dict(backend="cpp", devices=("cpu",), max_head_dim=MAX_HEAD_DIM, available=build.available, dtypes=op.dtypes,
+                window="window_left" in op.arg_names, bias="bias" in op.arg_names)

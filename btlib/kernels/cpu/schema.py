@@ -3,13 +3,14 @@
     OPS                   op name -> Op(schema, dtypes, doc): the one place each op's signature is written
     define(namespace)     define every op in ``torch.ops.<namespace>`` from its schema, with its fake kernel and
                           its Autograd fallthrough (build.py calls it before the library loads, for every ISA and
-                          every load_copy tag); attention.cpp's TORCH_LIBRARY_IMPL then adds the CPU kernels
+                          every load_copy tag); each family's TORCH_LIBRARY_IMPL then adds the CPU kernels
     call_args(spec, values)  an op's positional arguments, in its schema's order, from their names (ops.py's wrappers)
 
 What is derived from the schema rather than written again: the Python wrappers of ops.py (which arguments
 an op takes, so whether it has a window or a position bias), the fake kernels below (one function for
 every op: the arguments bound by name, the checks that need no data), and the registry's entries (dtypes,
-window, bias). The C++ side only implements: attention.cpp's ``m.impl(name, fn)`` names each op once.
+window, bias). The C++ side only implements: a family's ``m.impl(name, fn)`` (flash/flash.cpp,
+teaching/teaching.cpp) names each op once.
 
 A fake kernel computes only what the real one returns: shape, dtype, device and strides, from the inputs'
 metadata: (B, H, T, D) or (total, H, D), q's dtype, contiguous (at::empty(q.sizes())). It repeats the
@@ -17,7 +18,7 @@ binding's checks that need no data (rank, dtype, shapes, head_dim, strides, the 
 position bias's kind and shape), with its messages. The checks that read values (lengths in [0, min(T, S)],
 cu_seqlens 0-based, non-decreasing, ending at total, no sequence above max_seqlen) cannot run on fake
 tensors: the C++ kernel makes them when the compiled graph runs. build_info() and amx_status() take and
-return no tensor: attention.cpp defines them (their schema inferred from the C++ function), never in a graph.
+return no tensor: flash/flash.cpp defines them, catch-all kernels never in a graph.
 
 What traces: these ops, with torch.compile(fullgraph=True) (btlib.PackedEncoder.forward_packed with
 the C++ varlen kernel inside: tests/test_compile.py). What does not: btlib.quant's int8 helpers in
@@ -84,7 +85,7 @@ OPS: dict[str, Op] = {
     # registry offers it for bfloat16 inputs only (ops.py)
     "varlen_amx": Op(f"varlen_amx({_COMMON}, Tensor cu_seqlens, int max_seqlen, bool causal, float scale, {_EXTRAS}) -> Tensor",
                      _F32_BF16,
-                     "varlen_v3 with both products on AMX tiles (flash_amx.h): (total, H, D) bfloat16 (float32 in and out: bf16 products),\ncu_seqlens "
+                     "varlen_v3 with both products on AMX tiles (flash/flash_amx.h): (total, H, D) bfloat16 (float32 in and out: bf16 products),\ncu_seqlens "
                      "(B + 1,) int32. The online softmax, masks, window and bias are v3's own code (AVX-512, fp32);\nP is "
                      "rounded to bf16 for P V, as on the vdpbf16ps path. Runs where build.amx_available() is None."),
 }
@@ -109,7 +110,7 @@ def call_args(spec: tuple[tuple[str, object], ...], values: dict) -> tuple:
 # ---- fake kernels: one for every op, its arguments bound by the schema's names ----------------------------
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, rank: int, dtypes: tuple[torch.dtype, ...]) -> None:
-    """attention.cpp's check_qkv, on metadata only (the device is the dispatcher's: only CPU and fake tensors get here)."""
+    """binding.h's check_qkv, on metadata only (the device is the dispatcher's: only CPU and fake tensors get here)."""
     allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
     for x in (q, k, v):
         tp.check(x.dim() == rank, lambda: f"btlib CPU attention: expected {'(B, H, T, D)' if rank == 4 else '(total, H, D)'} "
@@ -187,7 +188,7 @@ def define(namespace: str) -> None:
     """
     if namespace in _libraries:
         return
-    lib = torch.library.Library(namespace, "FRAGMENT")  # attention.cpp adds build_info and amx_status to the namespace
+    lib = torch.library.Library(namespace, "FRAGMENT")  # flash/flash.cpp adds build_info and amx_status
     for name, op in OPS.items():
         lib.define(op.schema)
         torch.library.register_fake(f"{namespace}::{name}", _fake(op), lib=lib)
