@@ -71,13 +71,14 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(k.size(-1) == D, "btlib CPU attention: q and k must have one head_dim; got ", D, " and ", k.size(-1));
 }
 
-// The window's two reaches, checked; a reach past every key (>= T) is the same as none and is
-// stored as -1, which also keeps i + right + 1 from overflowing.
+// The window's two reaches, checked; a reach that spans every key (>= T - 1: row T - 1 reaches key 0,
+// row 0 key T - 1) is the same as none and is stored as -1, so such a window runs the kernel of no
+// window, bit for bit, and i + right + 1 cannot overflow.
 inline void set_window(Problem& p, int64_t left, int64_t right, int64_t T) {
   TORCH_CHECK(left >= -1 && right >= -1, "btlib CPU attention: window_left and window_right must be >= 0, or -1 for no "
               "limit on that side; got ", left, " and ", right);
-  p.win_left = left >= T ? -1 : left;
-  p.win_right = right >= T ? -1 : right;
+  p.win_left = left >= T - 1 ? -1 : left;
+  p.win_right = right >= T - 1 ? -1 : right;
 }
 
 // The position bias, checked: kind 0 none; 1 ALiBi, bias (H,) slopes; 2 table, bias (H, 2R + 1). The

@@ -58,7 +58,7 @@ struct Problem {
   float scale = 1.0f;
   // Local window: row i may attend keys j with i - win_left <= j <= i + win_right (ModernBERT: 64, 64),
   // intersected with its real keys and the causal prefix (key_lo / key_hi below); a negative reach is
-  // no limit on that side. attention.cpp's set_window stores a reach >= T as -1, so i + win_right + 1
+  // no limit on that side. binding.h's set_window stores a reach >= T - 1 as -1, so i + win_right + 1
   // cannot overflow. Only v3 (flash.h) reads the window, through key_lo / key_hi; v1 / v2 (teaching.h)
   // stop at keys_of_row, and their bindings always pass -1, -1.
   int64_t win_left = -1, win_right = -1;

@@ -29,6 +29,7 @@
 #include <cstdlib>
 
 #include "flash_bf16dot.h"
+#include "flash_lanes.h"
 #include "flash_tiles.h"
 
 namespace btlib_core {
@@ -252,8 +253,14 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
   return tiles.load();
 }
 
+// v3's one entry: fp32 without a window or bias on AVX-512 takes the lanes blocks (flash_lanes.h),
+// everything else the row tiles above on the ISA's path.
 template <typename T, typename ParallelFor>
 int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
+#if defined(BTLIB_VEC_AVX512)
+  if constexpr (std::is_same_v<T, float>)
+    if (lanes_take(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
+#endif
   return attention_v3_on<typename PathFor<T>::type>(p, q, k, v, o, threads, parallel_for);
 }
 
