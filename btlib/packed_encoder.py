@@ -27,14 +27,15 @@ Checks and kernel choice happen once per call, at the entry point (``forward`` c
 below that the layers call the kernel with trusted arguments. On CUDA every scalar read of a check
 is a host sync, so per-layer checks would cost 12 syncs (and 12 registry look-ups) per forward.
 
-torch.compile: ``forward_packed`` traces whole (fullgraph=True), fp32 and bf16, with the C++ varlen kernel
-in the graph as ``torch.ops.btlib_cpu_<isa>.varlen_v3`` (its source: btlib/kernels/cpu/flash/; its schema and fake
-kernel: btlib/kernels/cpu/schema.py) and the GEMMs as aten ops that inductor fuses (btlib.gemm). While dynamo
-traces, the kernel choice and the build's load run once, outside the graph, and the graph checks cu_seqlens' layout only: its values (start 0,
-non-decreasing, ending at total, none above max_seqlen) are checked by the C++ kernel when the graph runs
-(the other varlen kernels read cu_seqlens in Python and do not trace). ``forward`` (padded input) does not
-trace in one graph: packing reads the lengths, so the shapes depend on data. The int8 twin
-(btlib.quant) does not trace either. tests/test_compile.py checks what traces against eager.
+torch.compile: ``forward_packed`` traces whole (fullgraph=True), fp32 and bf16, with the C++ varlen kernel in
+the graph as ``torch.ops.btlib_cpu_<isa>.varlen_v3`` (its source: btlib/kernels/cpu/flash/; its schema and
+fake kernel: btlib/kernels/cpu/schema.py) and the GEMMs as aten ops that inductor fuses (btlib.gemm). While
+dynamo traces, the kernel choice and the build's load run once, outside the graph, and the graph checks
+cu_seqlens' layout only: its values (start 0, non-decreasing, ending at total, none above max_seqlen) are
+checked by the C++ kernel when the graph runs (the other varlen kernels read cu_seqlens in Python and do not
+trace). ``forward`` (padded input) does not trace in one graph: packing reads the lengths, so the shapes
+depend on data. The int8 twin (btlib.quant) does not trace either. tests/test_compile.py checks what traces
+against eager.
 
 Precision: the module's own dtype by default; ``precision="auto"`` takes bf16 only where this
 CPU runs it natively and measured faster (btlib.precision.choose_precision); an explicit bf16
