@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "vec.h"
 
@@ -113,6 +114,36 @@ void for_tasks(ParallelFor&& parallel_for, int threads, int64_t n, int64_t chunk
     for (int64_t c; (c = next.fetch_add(chunk)) < n;)
       for (int64_t t = c; t < std::min(n, c + chunk); ++t) body(t, local);
   });
+}
+
+// Every (b, h, query block of `rows` rows) with real query rows, run as for_tasks tasks, then the padded
+// output rows set to 0; block(b, h, q0, local) computes one block and returns the key tiles it visited.
+// Returns their sum (core_check.cpp compares it with the band's count). v3's row tiles and lanes
+// blocks (flash/) both run through here.
+template <typename Local, typename T, typename ParallelFor, typename Block>
+int64_t for_query_blocks(const Problem& p, int64_t rows, T* o, int threads, ParallelFor&& parallel_for, Block&& block) {
+  struct Task { int64_t b, h, q0; };
+  std::vector<Task> tasks;  // only blocks with real query rows
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t q0 = 0; q0 < p.len_q(b); q0 += rows) tasks.push_back({b, h, q0});
+  // Longest sequences first (a block costs about len_k): the last chunks handed out are then the
+  // cheapest, so workers finish together. Stable, so one (b, h)'s blocks stay adjacent.
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return p.len_k(x.b) > p.len_k(y.b); });
+  // Chunks of consecutive tasks, about 8 per thread: a thread then runs runs of query blocks of
+  // one (b, h) and packs its keys once, while the chunks still balance uneven (causal, varlen) work.
+  const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
+  std::atomic<int64_t> tiles{0};
+  for_tasks<Local>(parallel_for, threads, n, chunk, [&](int64_t t, Local& local) {
+    tiles.fetch_add(block(tasks[t].b, tasks[t].h, tasks[t].q0, local), std::memory_order_relaxed);
+  });
+  if (p.cu_seqlens || !p.lengths) return tiles.load();  // no padded rows
+  struct None {};
+  const int64_t BH = p.B * p.H;
+  for_tasks<None>(parallel_for, threads, BH, std::max<int64_t>(1, BH / std::max(threads, 1)), [&](int64_t t, None&) {
+    zero_rows(p, o, t / p.H, t % p.H, p.len_q(t / p.H), p.rows_out(t / p.H));
+  });
+  return tiles.load();
 }
 
 // parallel_for for callers without a pool: runs everything on the calling thread.

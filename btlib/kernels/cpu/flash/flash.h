@@ -227,30 +227,11 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
 // Path: how the two products run (PathFor<T>: fp32 or vdpbf16ps; flash_amx.h's AmxPath on AMX tiles).
 template <typename Path, typename T, typename ParallelFor>
 int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
-  struct Task { int64_t b, h, q0; };
-  std::vector<Task> tasks;  // only blocks with real query rows
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t q0 = 0; q0 < p.len_q(b); q0 += rows_per_block<Path>(p)) tasks.push_back({b, h, q0});
-  // Longest sequences first (a block costs about len_k): the last chunks handed out are then the
-  // cheapest, so workers finish together. Stable, so one (b, h)'s blocks stay adjacent.
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return p.len_k(x.b) > p.len_k(y.b); });
-  // Chunks of consecutive tasks, about 8 per thread: a thread then runs runs of query blocks of
-  // one (b, h) and packs its K^T and V once, while the chunks still balance uneven (causal,
-  // varlen) work.
-  const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
-  std::atomic<int64_t> tiles{0};
   const BiasRows bias = expand_position_bias(p);
-  for_tasks<typename Path::Local>(parallel_for, threads, n, chunk, [&](int64_t t, Workspace& ws) {
-    tiles.fetch_add(flash_block<Path>(p, bias, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
-  });
-  if (p.cu_seqlens || !p.lengths) return tiles.load();  // no padded rows
-  struct None {};
-  const int64_t BH = p.B * p.H;
-  for_tasks<None>(parallel_for, threads, BH, std::max<int64_t>(1, BH / std::max(threads, 1)), [&](int64_t t, None&) {
-    zero_rows(p, o, t / p.H, t % p.H, p.len_q(t / p.H), p.rows_out(t / p.H));
-  });
-  return tiles.load();
+  return for_query_blocks<typename Path::Local>(p, rows_per_block<Path>(p), o, threads, parallel_for,
+                                                [&](int64_t b, int64_t h, int64_t q0, Workspace& ws) {
+                                                  return flash_block<Path>(p, bias, q, k, v, o, b, h, q0, ws);
+                                                });
 }
 
 // v3's one entry: fp32 without a window or bias on AVX-512 takes the lanes blocks (flash_lanes.h),

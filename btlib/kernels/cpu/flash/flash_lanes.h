@@ -152,29 +152,14 @@ inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* 
 // Can the lanes path run this problem? fp32 (the caller's type), no window, no bias, whole vectors of D.
 inline bool lanes_take(const Problem& p) { return p.win_left < 0 && p.win_right < 0 && p.bias_kind == kBiasNone && p.D % W == 0; }
 
-// v3 over every (b, h, query block) task with the lanes blocks: flash.h's task order and chunks, then
-// the padded output rows set to 0. Returns the (query block, key tile) pairs computed.
+// v3 over every (b, h, query block) with the lanes blocks (core.h's for_query_blocks: flash.h's task
+// order and chunks, then the padded output rows set to 0). Returns the (query block, key tile) pairs computed.
 template <typename ParallelFor>
 int64_t attention_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int threads,
                         ParallelFor&& parallel_for) {
-  struct Task { int64_t b, h, q0; };
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t q0 = 0; q0 < p.len_q(b); q0 += Br) tasks.push_back({b, h, q0});
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return p.len_k(x.b) > p.len_k(y.b); });
-  const int64_t n = int64_t(tasks.size()), chunk = std::max<int64_t>(1, n / (8 * std::max(threads, 1)));
-  std::atomic<int64_t> tiles{0};
-  for_tasks<LanesWorkspace>(parallel_for, threads, n, chunk, [&](int64_t t, LanesWorkspace& ws) {
-    tiles.fetch_add(flash_block_lanes(p, q, k, v, o, tasks[t].b, tasks[t].h, tasks[t].q0, ws), std::memory_order_relaxed);
+  return for_query_blocks<LanesWorkspace>(p, Br, o, threads, parallel_for, [&](int64_t b, int64_t h, int64_t q0, LanesWorkspace& ws) {
+    return flash_block_lanes(p, q, k, v, o, b, h, q0, ws);
   });
-  if (p.cu_seqlens || !p.lengths) return tiles.load();
-  struct None {};
-  const int64_t BH = p.B * p.H;
-  for_tasks<None>(parallel_for, threads, BH, std::max<int64_t>(1, BH / std::max(threads, 1)), [&](int64_t t, None&) {
-    zero_rows(p, o, t / p.H, t % p.H, p.len_q(t / p.H), p.rows_out(t / p.H));
-  });
-  return tiles.load();
 }
 
 }  // namespace btlib_core
