@@ -34,6 +34,17 @@ def test_sdpa_ops_keeps_backend_ops_only():
     assert sdpa_ops([]) == []
 
 
+def test_sdpa_ops_of_a_query_keeps_its_device_and_layouts_ops():
+    """On a GPU a dense call records the dense op and the kernel it calls, which is the jagged layout's op
+    (aten::_scaled_dot_product_efficient_attention, then aten::_efficient_attention_forward): given q, only the first."""
+    dense, inner = SDPA_OPS[("cuda", "dense")]["EFFICIENT_ATTENTION"], SDPA_OPS[("any", "jagged")]["EFFICIENT_ATTENTION"]
+    q = torch.zeros(1, 1, 2, 8)
+    assert sdpa_ops([dense, inner]) == sorted([dense, inner])
+    assert sdpa_ops([SDPA_OPS[("cpu", "dense")]["MATH"], inner], q) == [SDPA_OPS[("cpu", "dense")]["MATH"]]
+    nested = torch.nested.nested_tensor([torch.zeros(1, 2, 8), torch.zeros(1, 3, 8)], layout=torch.jagged)
+    assert sdpa_ops([dense, inner], nested) == [inner]
+
+
 def test_catch_messages_collects_warnings_and_the_logger_quietly():
     log = logging.getLogger(tp.NESTED_SDPA_LOGGER)
     propagate = log.propagate

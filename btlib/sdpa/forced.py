@@ -88,9 +88,15 @@ def forced_backend(backend: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel([SDPBackend.__members__[backend]])
 
 
-def sdpa_ops(ops: Iterable[str]) -> list[str]:
-    """The SDPA backend ops among profiler op names, sorted."""
-    return sorted(set(ops) & _ALL_OPS)
+def sdpa_ops(ops: Iterable[str], q: Tensor | None = None) -> list[str]:
+    """The SDPA backend ops among profiler op names, sorted; given the query ``q``, only those of its device and layout.
+
+    On a GPU a dense call records both the dense op (aten::_scaled_dot_product_efficient_attention) and the kernel
+    it calls (aten::_efficient_attention_forward, the jagged layout's op): with ``q`` the inner one is left out."""
+    if q is None:
+        return sorted(set(ops) & _ALL_OPS)
+    table = SDPA_OPS[("any", "jagged")] if q.is_nested else SDPA_OPS.get((q.device.type, "dense"), {})
+    return sorted(set(ops) & set(table.values()))
 
 
 @dataclass
@@ -115,4 +121,4 @@ def run_forced(backend: str, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Force
             except (RuntimeError, ValueError) as e:
                 ops, error = set(), str(e)
     messages = clean_messages(msgs) + ([clean_messages([error])[0]] if error else [])
-    return ForcedRun(backend, error is None, sdpa_ops(ops), messages)
+    return ForcedRun(backend, error is None, sdpa_ops(ops, q), messages)
