@@ -38,7 +38,7 @@ METHOD_COLORS = {
     "fastpath": "#d95f02",                                             # PyTorch's BetterTransformer fastpath
     "torch_sdpa_loop": "#e7298a",                                      # one SDPA call per sequence
     "sdpa": "#c0392b", "torch_sdpa": "#c0392b", "sdpa_padded_mask": "#c0392b",  # F.scaled_dot_product_attention
-    "sdpa_flash": "#ff9896", "sdpa_efficient": "#ff9896",
+    "sdpa_flash": "#ff9896", "sdpa_efficient": "#9c755f",
     "flex": "#8e44ad",                                                 # FlexAttention
     "btlib_no_skip": "#9ecae1", "cpu_naive_v1": "#9ecae1", "cpu_tiled_v2": "#6baed6",
     "btlib": "#1f5fa8", "packed": "#1f5fa8", "cpu_flash": "#1f5fa8",  # btlib's packed / fused path, fp32

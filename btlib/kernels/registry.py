@@ -67,7 +67,7 @@ PRIORITY = {
     # padded (B, H, T, D)
     "cpu_flash_v3": 10,            # btlib's FlashAttention: SIMD micro-kernels, skips tiles outside a window
     "torch_sdpa": 0,               # PyTorch's SDPA with a mask: differentiable, every dtype and device
-    "triton_flash": -5,            # GPU kernels not yet run on a GPU (triton/ops.py, cuda/ops.py say so)
+    "triton_flash": -5,            # GPU kernels: SDPA first on CUDA tensors (triton/ops.py, cuda/ops.py say why)
     "cuda_flash": -20,
     "cpu_tiled_v2": -40,           # the teaching versions: slow on purpose
     "cpu_naive_v1": -50,
