@@ -117,25 +117,6 @@ inline BiasRows expand_position_bias(const Problem& p) {
   return r;
 }
 
-// Asks the cache for rows [from, to) of x's (b, h) (D elements each) before they are read: Q, K and V
-// rows of a head are H D elements apart in a packed batch (3 KB at H 12, D 64), so the hardware
-// prefetcher does not follow them, and reading them cold stalled a windowed call (whose blocks each
-// read 16 new Q rows and, every fourth block, a new key tile) for ~15% of its time (AMD EPYC Zen 4).
-template <typename T>
-inline void prefetch_rows(const Problem& p, const T* x, const int64_t* s, int64_t b, int64_t h, int64_t from, int64_t to) {
-  for (int64_t t = from; t < to; ++t) {
-    const char* row = reinterpret_cast<const char*>(p.at(x, s, b, h, t));
-    for (int64_t c = 0; c < p.D * int64_t(sizeof(T)); c += 64) __builtin_prefetch(row + c, 0, 3);
-  }
-}
-template <typename T>
-inline void prefetch_rows_for_write(const Problem& p, T* x, const int64_t* s, int64_t b, int64_t h, int64_t from, int64_t to) {
-  for (int64_t t = from; t < to; ++t) {
-    const char* row = reinterpret_cast<const char*>(p.at(x, s, b, h, t));
-    for (int64_t c = 0; c < p.D * int64_t(sizeof(T)); c += 64) __builtin_prefetch(row + c, 1, 3);
-  }
-}
-
 // Query rows per block on a path: Problem::block_rows() where the path computes spans and partial
 // tiles (RowTiles), Br on AMX (whole 16 x 16 tiles of one key tile).
 template <typename Path>
@@ -169,15 +150,6 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
     ws.packed = b * p.H + h;
   }
   Path::pack_q(p, q, b, h, q0, nq, ws);
-  // A thread's next task is most often the next block of this (b, h): its Q rows, and under a
-  // window the key tile its band reaches next, are fetched while this block computes.
-  const int64_t q_next = q0 + nq, kv_next = q_next < p.len_q(b) ? round_up(p.key_hi(b, q0 + nq - 1), Bc) : p.len_k(b);
-  prefetch_rows(p, q, p.qs, b, h, q_next, std::min(q_next + rows, p.len_q(b)));
-  prefetch_rows_for_write(p, o, p.os, b, h, q0, q0 + nq);
-  if (p.win_left >= 0 && kv_next < p.len_k(b) && !ws.tile_ready[kv_next / Bc]) {
-    prefetch_rows(p, k, p.ks, b, h, kv_next, std::min(kv_next + Bc, p.len_k(b)));
-    prefetch_rows(p, v, p.vs, b, h, kv_next, std::min(kv_next + Bc, p.len_k(b)));
-  }
   std::fill_n(ws.O.data(), nq * Dp, 0.0f);
   std::fill_n(ws.m, nq, kNegInf);
   std::fill_n(ws.l, nq, 0.0f);
@@ -192,10 +164,6 @@ int64_t flash_block(const Problem& p, const BiasRows& bias, const T* q, const T*
     const int64_t c0 = Path::kColumns ? std::max<int64_t>(0, kv_begin - j0) / W * W : 0;
     for (int64_t t0 = j0; t0 < j0 + nk; t0 += Bc, ++tiles) {  // S = Q K^T * scale * log2(e), tile by tile
       if (!ws.tile_ready[t0 / Bc]) {
-        if (t0 + Bc < kv_end && !ws.tile_ready[t0 / Bc + 1]) {  // the next tile's rows load while this one packs
-          prefetch_rows(p, k, p.ks, b, h, t0 + Bc, std::min(t0 + 2 * Bc, kv_end));
-          prefetch_rows(p, v, p.vs, b, h, t0 + Bc, std::min(t0 + 2 * Bc, kv_end));
-        }
         Path::pack_kv_tile(p, k, v, b, h, Dp, t0, ws);
         ws.tile_ready[t0 / Bc] = 1;
       }

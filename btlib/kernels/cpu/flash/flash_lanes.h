@@ -8,13 +8,17 @@
 //   - K is read in place, one broadcast element per (key, d), and V rows in place by P V;
 //   - the online softmax runs across keys, element-wise over the rows: m, l and alpha are vectors
 //     (16 rows each) and no horizontal reduction or scalar exp2 remains;
-//   - P V reads P^T[key][row] with a broadcast, as flash_tiles.h's pv_tile reads P[row][key].
+//   - P V is flash_tiles.h's pv_tile reading P^T[key][row] (its kPT form) and V rows in place.
 // Work and NaN / inf behaviour are flash.h's (see there); the masks are per key: the rows that may
 // attend key j are one run [ilo, ihi) of lanes, since key_lo and key_hi do not decrease with the row.
 // Taken by attention_v3 for fp32 without a window or a position bias and with D a multiple of 16 (the
-// row-tile path keeps those: under a narrow window its 16-row blocks and spans measured faster, and a
-// per-key bias would be a reversed slice of BiasRows); measured +4-8% over the row tiles on one core
-// for padded and packed fp32 at T 256-1024 (AMD EPYC Zen 4, avx512bf16 build, CPU time of 1 thread).
+// row-tile path keeps those: a per-key bias would be a reversed slice of BiasRows, and under a narrow
+// window a block has 16 rows, one vector here, so each FMA of qk_lanes needs its own broadcast load of K
+// and the loads bound it: lanes blocks of 16 rows with spans, as flash.h's, ran the (64, 64) window at
+// 0.83-0.85x the row tiles' speed, and (128, 128) / (256, 256) at 0.97 / 0.99x); measured +4-8% over the
+// row tiles on one core for padded and packed fp32 at T 256-1024 (AMD EPYC Zen 4, avx512bf16 build, CPU
+// time of 1 thread), and a block of fewer rows computes only ceil(rows / 16) vectors (+8% on 8
+// sequences of 200, +31% on 64 of 20, +1.7% on the 20-1000 mix; 2 threads, interleaved medians).
 #pragma once
 
 #include "flash_tiles.h"
@@ -26,65 +30,53 @@ constexpr bool kLanes = true;
 
 struct LanesWorkspace {
   std::vector<float> qt;  // Q^T * scale * log2(e): [D][Br], zero in lanes past the block's rows
-  std::vector<float> st;  // S^T, then P^T, of one key tile: [Bc + kJR][Br] (qk_lanes writes whole groups of kJR keys)
+  std::vector<float> st;  // S^T, then P^T, of one key tile: [Bc + kJRMax][Br] (qk_lanes writes whole groups of JR keys)
   std::vector<float> O;   // unnormalised output: [Br][D]
   alignas(64) float alpha[Br], l[Br];
 };
 
-constexpr int kNVR = int(Br / W);  // vectors of query rows: 4
-constexpr int kJR = 6;             // keys per micro-tile: kJR x kNVR = 24 accumulators, as flash_tiles.h's 6 x 4
+constexpr int kNVR = int(Br / W);  // vectors of query rows in a full block: 4
+// A block of nq rows computes NVR = ceil(nq / W) vectors of them (a block of 8 rows one vector, not four), with JR
+// keys per micro-tile: JR x NVR accumulators, 24 for a full block as flash_tiles.h's 6 x 4, and at least 12 for
+// fewer vectors so that enough independent FMAs are in flight.
+constexpr int jr_for(int NVR) { return NVR == 1 ? 12 : NVR == 2 ? 8 : 6; }
+constexpr int kJRMax = 12;
 
-// S^T[kJR][Br] = K[kJR][D] Q^T[D][Br]: per d one broadcast of each key's element and kNVR loads of Q^T.
+// S^T[JR][Br] = K[JR][D] Q^T[D][Br] for the first NVR vectors of rows: per d one broadcast of each key's element
+// and NVR loads of Q^T.
+template <int NVR, int JR>
 inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float* st) {
-  vf acc[kJR][kNVR];
-  for (int j = 0; j < kJR; ++j)
-    for (int v = 0; v < kNVR; ++v) acc[j][v] = vzero();
+  vf acc[JR][NVR];
+  for (int j = 0; j < JR; ++j)
+    for (int v = 0; v < NVR; ++v) acc[j][v] = vzero();
   for (int64_t d = 0; d < D; ++d) {
-    vf qv[kNVR];
-    for (int v = 0; v < kNVR; ++v) qv[v] = vload(qt + d * Br + v * W);
-    for (int j = 0; j < kJR; ++j) {
+    vf qv[NVR];
+    for (int v = 0; v < NVR; ++v) qv[v] = vload(qt + d * Br + v * W);
+    for (int j = 0; j < JR; ++j) {
       const vf kb = vset1(krow[j][d]);
-      for (int v = 0; v < kNVR; ++v) acc[j][v] = vfma(kb, qv[v], acc[j][v]);
+      for (int v = 0; v < NVR; ++v) acc[j][v] = vfma(kb, qv[v], acc[j][v]);
     }
   }
-  for (int j = 0; j < kJR; ++j)
-    for (int v = 0; v < kNVR; ++v) vstore(st + j * Br + v * W, acc[j][v]);
+  for (int j = 0; j < JR; ++j)
+    for (int v = 0; v < NVR; ++v) vstore(st + j * Br + v * W, acc[j][v]);
 }
 
-// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W], P read transposed (P^T[j][r]) and V in place (rows ldv apart).
-template <int R, int NV>
-inline void pv_lanes(const float* pt, int64_t nk, const float* v, int64_t ldv, const float* alpha, float* O, int64_t D) {
-  vf acc[R][NV];
-  for (int r = 0; r < R; ++r) {
-    const vf a = vset1(alpha[r]);
-    for (int c = 0; c < NV; ++c) acc[r][c] = vmul(vload(O + r * D + c * W), a);
-  }
-  for (int64_t j = 0; j < nk; ++j) {
-    vf vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = vload(v + j * ldv + c * W);
-    for (int r = 0; r < R; ++r) {
-      const vf pv = vset1(pt[j * Br + r]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = vfma(pv, vv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) vstore(O + r * D + c * W, acc[r][c]);
-}
-
-// One query block [q0, q0 + Br) of (b, h). Returns the key tiles visited (core_check.cpp counts the band).
-inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
-                                 int64_t h, int64_t q0, LanesWorkspace& ws) {
-  const int64_t D = p.D, nq = std::min(Br, p.len_q(b) - q0);
+// One query block [q0, q0 + nq) of (b, h), nq <= NVR W. Returns the key tiles visited (core_check.cpp counts the band).
+template <int NVR>
+inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
+                                   int64_t h, int64_t q0, int64_t nq, LanesWorkspace& ws) {
+  constexpr int kJR = jr_for(NVR);
+  const int64_t D = p.D;
   ws.qt.assign(D * Br, 0.0f);
-  ws.st.resize((Bc + kJR) * Br);
+  ws.st.resize((Bc + kJRMax) * Br);
   ws.O.assign(Br * D, 0.0f);
   const float c = p.scale * kLog2e;
   for (int64_t i = 0; i < nq; ++i) {
     const float* qi = p.at(q, p.qs, b, h, q0 + i);
     for (int64_t d = 0; d < D; ++d) ws.qt[d * Br + i] = qi[d] * c;
   }
-  vf m[kNVR], l[kNVR];
-  for (int v = 0; v < kNVR; ++v) m[v] = vset1(kNegInf), l[v] = vzero();
+  vf m[NVR], l[NVR];
+  for (int v = 0; v < NVR; ++v) m[v] = vset1(kNegInf), l[v] = vzero();
   // Key j may be attended by rows [ilo(j), ihi(j)) of the block: causal cuts rows below j, padding
   // never reaches here (the span ends at kv_end); without a window every real row attends.
   const int64_t kv_end = p.key_hi(b, q0 + nq - 1);
@@ -98,23 +90,23 @@ inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* 
     const int64_t nk = std::min(Bc, kv_end - j0);
     for (int64_t j = 0; j < nk; j += kJR) {  // S^T = K Q^T; a short last group repeats its last key
       for (int r = 0; r < kJR; ++r) krow[r] = p.at(k, p.ks, b, h, j0 + std::min<int64_t>(j + r, nk - 1));
-      qk_lanes(ws.qt.data(), D, krow, ws.st.data() + j * Br);
+      qk_lanes<NVR, kJR>(ws.qt.data(), D, krow, ws.st.data() + j * Br);
     }
     // m_new = max(m, max over the tile's keys): element-wise, 16 rows a vector. Masked scores are -inf.
-    vf mx[kNVR];
-    for (int v = 0; v < kNVR; ++v) mx[v] = vset1(kNegInf);
+    vf mx[NVR];
+    for (int v = 0; v < NVR; ++v) mx[v] = vset1(kNegInf);
     for (int64_t j = 0; j < nk; ++j) {
       int64_t ilo, ihi;
       rows_of(j0 + j, ilo, ihi);
-      for (int v = 0; v < kNVR; ++v) {
+      for (int v = 0; v < NVR; ++v) {
         const vf s = vload(ws.st.data() + j * Br + v * W);
         mx[v] = vmax(mx[v], ilo <= v * W && ihi >= (v + 1) * W ? s : vkeep_range(s, int(ilo - v * W), int(ihi - v * W), kNegInf));
       }
     }
     // A row whose attended scores are all -inf so far subtracts 0 instead (P = 0, not NaN), and its
     // alpha is 0 while m was -inf, as online_softmax_row does row by row.
-    vf msub[kNVR];
-    for (int v = 0; v < kNVR; ++v) {
+    vf msub[NVR];
+    for (int v = 0; v < NVR; ++v) {
       const vf mn = vmax(m[v], mx[v]);
       msub[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, vset1(kNegInf), _CMP_EQ_OQ), mn, vzero());
       const vf a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m[v], vset1(kNegInf), _CMP_EQ_OQ), vexp2(vsub(m[v], msub[v])), vzero());
@@ -125,7 +117,7 @@ inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* 
     for (int64_t j = 0; j < nk; ++j) {  // P^T = 2^(S^T - m_new), exact 0 where masked; l += P
       int64_t ilo, ihi;
       rows_of(j0 + j, ilo, ihi);
-      for (int v = 0; v < kNVR; ++v) {
+      for (int v = 0; v < NVR; ++v) {
         const vf e = vexp2(vsub(vload(ws.st.data() + j * Br + v * W), msub[v]));
         const vf P = ilo <= v * W && ihi >= (v + 1) * W ? e : vkeep_range(e, int(ilo - v * W), int(ihi - v * W), 0.0f);
         vstore(ws.st.data() + j * Br + v * W, P);
@@ -136,17 +128,29 @@ inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* 
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // O = diag(alpha) O + P V
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) {
         across_d<R()>(D, [&](int64_t cc, auto NV) {
-          pv_lanes<R(), NV()>(ws.st.data() + i0, nk, vj + cc, p.vs[2], ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
+          pv_tile<R(), NV(), true>(ws.st.data() + i0, Br, nk, vj + cc, p.vs[2], ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
         });
       });
   }
-  for (int v = 0; v < kNVR; ++v) vstore(ws.l + v * W, l[v]);
+  for (int v = 0; v < NVR; ++v) vstore(ws.l + v * W, l[v]);
   for (int64_t i = 0; i < nq; ++i) {  // O = O / l, as flash_block
     const float inv_l = ws.l[i] > 0.0f ? 1.0f / ws.l[i] : 0.0f;
     float* oi = p.at(o, p.os, b, h, q0 + i);
     for (int64_t d = 0; d < D; ++d) oi[d] = ws.O[i * D + d] * inv_l;
   }
   return tiles;
+}
+
+inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
+                                 int64_t h, int64_t q0, LanesWorkspace& ws) {
+  const int64_t nq = std::min(Br, p.len_q(b) - q0);
+  static_assert(kNVR == 4, "flash_block_lanes dispatches 1 to 4 vectors of rows");
+  switch ((nq + W - 1) / W) {
+    case 1: return flash_block_lanes_n<1>(p, q, k, v, o, b, h, q0, nq, ws);
+    case 2: return flash_block_lanes_n<2>(p, q, k, v, o, b, h, q0, nq, ws);
+    case 3: return flash_block_lanes_n<3>(p, q, k, v, o, b, h, q0, nq, ws);
+    default: return flash_block_lanes_n<4>(p, q, k, v, o, b, h, q0, nq, ws);
+  }
 }
 
 // Can the lanes path run this problem? fp32 (the caller's type), no window, no bias, whole vectors of D.

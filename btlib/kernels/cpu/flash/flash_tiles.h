@@ -108,25 +108,27 @@ inline void qk_tile(const float* q, int64_t D, const float* kt, float* S, int64_
     for (int c = 0; c < NV; ++c) vstore(S + r * ldS + c * W, acc[r][c]);
 }
 
-// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W] (P rows ldP apart): the rescale by alpha is
-// folded into loading the accumulators, so O is read and written once per span of keys.
-template <int R, int NV>
-inline void pv_tile(const float* P, int64_t ldP, int64_t nk, const float* v, int64_t Dp, const float* alpha, float* O) {
+// O[R][NV * W] = diag(alpha) O + P[R][nk] V[nk][NV * W]: P rows ldP apart, or with kPT stored transposed (P^T,
+// key rows ldP apart: flash_lanes.h's scores); V rows ldV apart, O rows ldO apart. The rescale by alpha is folded
+// into loading the accumulators, so O is read and written once per span of keys.
+template <int R, int NV, bool kPT = false>
+inline void pv_tile(const float* P, int64_t ldP, int64_t nk, const float* v, int64_t ldV, const float* alpha, float* O,
+                    int64_t ldO) {
   vf acc[R][NV];
   for (int r = 0; r < R; ++r) {
     const vf a = vset1(alpha[r]);
-    for (int c = 0; c < NV; ++c) acc[r][c] = vmul(vload(O + r * Dp + c * W), a);
+    for (int c = 0; c < NV; ++c) acc[r][c] = vmul(vload(O + r * ldO + c * W), a);
   }
   for (int64_t j = 0; j < nk; ++j) {
     vf vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = vload(v + j * Dp + c * W);
+    for (int c = 0; c < NV; ++c) vv[c] = vload(v + j * ldV + c * W);
     for (int r = 0; r < R; ++r) {
-      const vf pv = vset1(P[r * ldP + j]);
+      const vf pv = vset1(kPT ? P[j * ldP + r] : P[r * ldP + j]);
       for (int c = 0; c < NV; ++c) acc[r][c] = vfma(pv, vv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) vstore(O + r * Dp + c * W, acc[r][c]);
+    for (int c = 0; c < NV; ++c) vstore(O + r * ldO + c * W, acc[r][c]);
 }
 
 // Calls f(std::integral_constant<int, NV>{}) for a runtime NV in [1, kNV] (instantiates only those).
@@ -223,7 +225,7 @@ struct F32Path : RowTiles<F32Path<T>> {
   static void pv(Workspace& ws, int64_t Dp, int64_t i0, int64_t j0, int64_t c0, int64_t nk, int64_t ldS) {
     across_d<R>(Dp, [&](int64_t c, auto NV) {
       pv_tile<R, NV()>(ws.S.data() + i0 * ldS + c0, ldS, nk - c0, ws.vp.data() + (j0 + c0) * Dp + c, Dp, ws.alpha + i0,
-                       ws.O.data() + i0 * Dp + c);
+                       ws.O.data() + i0 * Dp + c, Dp);
     });
   }
 };
