@@ -85,9 +85,9 @@ std::vector<double> reference(const Problem& p, const std::vector<float>& q, con
   return o;
 }
 
-// The (query block, key tile) pairs v3 must compute: blocks of `rows` real rows (p.block_rows(); Br on
-// AMX), tiles of Bc keys (both from 0 in each sequence), counted where some row of the block may attend
-// some key of the tile.
+// The (query block, key tile) pairs v3 must compute: blocks of `rows` real rows (v3_block_rows: the lanes blocks'
+// rows for fp32 on x86, else p.block_rows(); Br on AMX), tiles of Bc keys (both from 0 in each sequence), counted
+// where some row of the block may attend some key of the tile.
 int64_t band_tiles(const Problem& p, int64_t rows) {
   int64_t n = 0;
   for (int64_t b = 0; b < p.B; ++b)
@@ -161,7 +161,7 @@ void check_v3(const char* what, const Case& c, const Problem& p, const std::vect
 #endif
   if (!amx) tiles = attention_v3(p, qt.data(), kt.data(), vt.data(), o.data(), kThreads, ThreadsFor{});
   compare(what, c, p, widen(o), reference(p, widen(qt), widen(kt), widen(vt), q.size()), tol);
-  const int64_t want = band_tiles(p, amx ? Br : p.block_rows());
+  const int64_t want = band_tiles(p, amx ? Br : v3_block_rows<T>(p));
   ++checks;
   if (tiles != want) {
     ++failures;

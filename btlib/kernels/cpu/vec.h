@@ -59,6 +59,8 @@ inline __mmask16 first_lanes(int n) { return n >= W ? __mmask16(0xFFFF) : n <= 0
 inline vf vkeep_range(vf x, int lo, int hi, float fill) {
   return _mm512_mask_blend_ps(__mmask16(first_lanes(hi) & ~first_lanes(lo)), _mm512_set1_ps(fill), x);
 }
+// test == -inf ? a : b, lane by lane (the online softmax's guard for rows with no finite score yet)
+inline vf vselect_neginf(vf test, vf a, vf b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(test, vset1(-INFINITY), _CMP_EQ_OQ), b, a); }
 // 2^x for x <= 0: n = round(x), 2^(x - n) by polynomial, then scalef multiplies by 2^n.
 // x < -126 (including -inf) gives exact 0, never a denormal: denormal P cost microcode assists in
 // scalef and in P V's FMAs, and ALiBi's far keys (bias -slope |d| log2 e, below -126 for |d| > ~175
@@ -108,6 +110,7 @@ inline vf vkeep_range(vf x, int lo, int hi, float fill) {
                                 _mm256_cmp_ps(lane, _mm256_set1_ps(float(hi)), _CMP_LT_OQ));
   return _mm256_blendv_ps(_mm256_set1_ps(fill), x, keep);
 }
+inline vf vselect_neginf(vf test, vf a, vf b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(test, vset1(-INFINITY), _CMP_EQ_OQ)); }
 // 2^x for x <= 0; 2^n is built in the exponent bits, so x is clamped at -126 (2^-126 ~ 1e-38,
 // which the masks then replace by an exact 0 where a key is not allowed). A NaN x gives a NaN
 // polynomial; the exponent bits of the integer-indefinite n do not matter then.
@@ -144,6 +147,7 @@ inline vf vkeep_range(vf x, int lo, int hi, float fill) {
   const uint32x4_t keep = vandq_u32(vcgeq_f32(lane, vdupq_n_f32(float(lo))), vcltq_f32(lane, vdupq_n_f32(float(hi))));
   return vbslq_f32(keep, x, vdupq_n_f32(fill));
 }
+inline vf vselect_neginf(vf test, vf a, vf b) { return vbslq_f32(vceqq_f32(test, vdupq_n_f32(-INFINITY)), a, b); }
 // 2^x for x <= 0, as on AVX2: polynomial times 2^n built in the exponent bits, x clamped at -126.
 inline vf vexp2(vf x) {
   x = vmaxq_f32(vdupq_n_f32(-126.0f), x);
@@ -173,6 +177,7 @@ inline vf vabs(vf a) { for (int i = 0; i < W; ++i) a.v[i] = std::fabs(a.v[i]); r
 inline float vhmax(vf a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
 inline float vhsum(vf a) { float s = 0.0f; for (int i = 0; i < W; ++i) s += a.v[i]; return s; }
 inline vf vkeep_range(vf x, int lo, int hi, float fill) { for (int i = 0; i < W; ++i) if (i < lo || i >= hi) x.v[i] = fill; return x; }
+inline vf vselect_neginf(vf test, vf a, vf b) { for (int i = 0; i < W; ++i) b.v[i] = test.v[i] == -INFINITY ? a.v[i] : b.v[i]; return b; }
 inline vf vexp2(vf x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp2(x.v[i]); return x; }
 #endif
 

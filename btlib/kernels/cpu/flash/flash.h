@@ -202,15 +202,25 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
                                                 });
 }
 
-// v3's one entry: fp32 without a window or bias on AVX-512 takes the lanes blocks (flash_lanes.h),
+// v3's one entry: fp32 without a window or bias on AVX-512 and AVX2 takes the lanes blocks (flash_lanes.h),
 // everything else the row tiles above on the ISA's path.
 template <typename T, typename ParallelFor>
 int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
-#if defined(BTLIB_VEC_AVX512)
+#if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
   if constexpr (std::is_same_v<T, float>)
     if (lanes_take(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
 #endif
   return attention_v3_on<typename PathFor<T>::type>(p, q, k, v, o, threads, parallel_for);
+}
+
+// The query rows per block attention_v3 uses for this problem (core_check.cpp counts the band with them).
+template <typename T>
+int64_t v3_block_rows(const Problem& p) {
+#if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
+  if constexpr (std::is_same_v<T, float>)
+    if (lanes_take(p)) return kLanesRows;
+#endif
+  return p.block_rows();
 }
 
 }  // namespace btlib_core

@@ -1,45 +1,54 @@
-// flash_lanes.h: v3 in fp32 with the score tile transposed, one query row per vector lane (AVX-512).
+// flash_lanes.h: v3 in fp32 with the score tile transposed, one query row per vector lane (AVX-512, AVX2).
 //
 // flash.h's tiles hold S row by row (a query row's keys along a vector), which costs per row and key
 // tile a horizontal max and a horizontal sum (a chain of shuffles), a scalar exp2 for alpha and the
-// K^T transpose of every key tile (16 x 16 in-register transposes), and V copied into a packed tile.
-// Here S^T = K Q^T is computed as Bc keys x Br rows: a vector holds 16 query rows of one key, so
-//   - Q^T (D x Br, times scale * log2 e) is the only thing packed: once per query block;
+// K^T transpose of every key tile (W x W in-register transposes), and V copied into a packed tile.
+// Here S^T = K Q^T is computed as Bc keys x kLanesRows rows: a vector holds W query rows of one key, so
+//   - Q^T (D x kLanesRows, times scale * log2 e) is the only thing packed: once per query block;
 //   - K is read in place, one broadcast element per (key, d), and V rows in place by P V;
 //   - the online softmax runs across keys, element-wise over the rows: m, l and alpha are vectors
-//     (16 rows each) and no horizontal reduction or scalar exp2 remains;
+//     (W rows each) and no horizontal reduction or scalar exp2 remains;
 //   - P V is flash_tiles.h's pv_tile reading P^T[key][row] (its kPT form) and V rows in place.
 // Work and NaN / inf behaviour are flash.h's (see there); the masks are per key: the rows that may
 // attend key j are one run [ilo, ihi) of lanes, since key_lo and key_hi do not decrease with the row.
-// Taken by attention_v3 for fp32 without a window or a position bias and with D a multiple of 16 (the
+// Taken by attention_v3 for fp32 without a window or a position bias and with D a multiple of W (the
 // row-tile path keeps those: a per-key bias would be a reversed slice of BiasRows, and under a narrow
-// window a block has 16 rows, one vector here, so each FMA of qk_lanes needs its own broadcast load of K
-// and the loads bound it: lanes blocks of 16 rows with spans, as flash.h's, ran the (64, 64) window at
-// 0.83-0.85x the row tiles' speed, and (128, 128) / (256, 256) at 0.97 / 0.99x); measured +4-8% over the
-// row tiles on one core for padded and packed fp32 at T 256-1024 (AMD EPYC Zen 4, avx512bf16 build, CPU
-// time of 1 thread), and a block of fewer rows computes only ceil(rows / 16) vectors (+8% on 8
-// sequences of 200, +31% on 64 of 20, +1.7% on the 20-1000 mix; 2 threads, interleaved medians).
+// window a block has 16 rows, one AVX-512 vector, so each FMA of qk_lanes needs its own broadcast load of
+// K and the loads bound it: lanes blocks of 16 rows with spans, as flash.h's, ran the (64, 64) window at
+// 0.83-0.85x the row tiles' speed, and (128, 128) / (256, 256) at 0.97 / 0.99x). Measured against the
+// row tiles on an AMD EPYC Zen 4: AVX-512 +4-8% for padded and packed fp32 at T 256-1024 (CPU time of
+// 1 thread), and a block of fewer rows computing only ceil(rows / W) vectors +8% on 8 sequences of 200,
+// +31% on 64 of 20; AVX2 (blocks of 16 rows) +6% / +15% padded at T 256 / 1024, +5% on the 20-1000 mix,
+// +9% causal (2 threads, interleaved medians of copies built side by side). NEON keeps the row tiles:
+// it has not been measured on hardware.
 #pragma once
 
 #include "flash_tiles.h"
 
-#if defined(BTLIB_VEC_AVX512)
+#if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
 namespace btlib_core {
 
 constexpr bool kLanes = true;
+// Vectors of query rows in a full block, kNVR: a micro-tile keeps JR x NVR accumulators, NVR loaded vectors of Q^T and
+// one broadcast, in 32 zmm registers (AVX-512: 4 vectors, 64 rows, 6 x 4) or 16 ymm (AVX2: 2 vectors, 16 rows, 6 x 2).
+#if defined(BTLIB_VEC_AVX512)
+constexpr int kNVR = 4;
+#else
+constexpr int kNVR = 2;
+#endif
+constexpr int64_t kLanesRows = kNVR * W;  // query rows per lanes block: 64 on AVX-512, 16 on AVX2
 
 struct LanesWorkspace {
-  std::vector<float> qt;  // Q^T * scale * log2(e): [D][Br], zero in lanes past the block's rows
-  std::vector<float> st;  // S^T, then P^T, of one key tile: [Bc + kJRMax][Br] (qk_lanes writes whole groups of JR keys)
-  std::vector<float> O;   // unnormalised output: [Br][D]
-  alignas(64) float alpha[Br], l[Br];
+  std::vector<float> qt;  // Q^T * scale * log2(e): [D][kLanesRows], zero in lanes past the block's rows
+  std::vector<float> st;  // S^T, then P^T, of one key tile: [Bc + kJRMax][kLanesRows] (qk_lanes writes whole groups of JR keys)
+  std::vector<float> O;   // unnormalised output: [kLanesRows][D]
+  alignas(64) float alpha[kLanesRows], l[kLanesRows];
 };
 
-constexpr int kNVR = int(Br / W);  // vectors of query rows in a full block: 4
-// A block of nq rows computes NVR = ceil(nq / W) vectors of them (a block of 8 rows one vector, not four), with JR
-// keys per micro-tile: JR x NVR accumulators, 24 for a full block as flash_tiles.h's 6 x 4, and at least 12 for
-// fewer vectors so that enough independent FMAs are in flight.
-constexpr int jr_for(int NVR) { return NVR == 1 ? 12 : NVR == 2 ? 8 : 6; }
+// A block of nq rows computes NVR = ceil(nq / W) vectors of them (on AVX-512 a block of 8 rows one vector, not four),
+// with JR keys per micro-tile: JR x NVR accumulators, 24 for a full AVX-512 block as flash_tiles.h's 6 x 4, 12 for a
+// full AVX2 block, and at least 12 for fewer vectors so that enough independent FMAs are in flight.
+constexpr int jr_for(int NVR) { return NVR == 1 ? 12 : NVR == 2 ? (kNVR == 2 ? 6 : 8) : 6; }
 constexpr int kJRMax = 12;
 
 // S^T[JR][Br] = K[JR][D] Q^T[D][Br] for the first NVR vectors of rows: per d one broadcast of each key's element
@@ -51,14 +60,14 @@ inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float
     for (int v = 0; v < NVR; ++v) acc[j][v] = vzero();
   for (int64_t d = 0; d < D; ++d) {
     vf qv[NVR];
-    for (int v = 0; v < NVR; ++v) qv[v] = vload(qt + d * Br + v * W);
+    for (int v = 0; v < NVR; ++v) qv[v] = vload(qt + d * kLanesRows + v * W);
     for (int j = 0; j < JR; ++j) {
       const vf kb = vset1(krow[j][d]);
       for (int v = 0; v < NVR; ++v) acc[j][v] = vfma(kb, qv[v], acc[j][v]);
     }
   }
   for (int j = 0; j < JR; ++j)
-    for (int v = 0; v < NVR; ++v) vstore(st + j * Br + v * W, acc[j][v]);
+    for (int v = 0; v < NVR; ++v) vstore(st + j * kLanesRows + v * W, acc[j][v]);
 }
 
 // One query block [q0, q0 + nq) of (b, h), nq <= NVR W. Returns the key tiles visited (core_check.cpp counts the band).
@@ -67,13 +76,13 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
                                    int64_t h, int64_t q0, int64_t nq, LanesWorkspace& ws) {
   constexpr int kJR = jr_for(NVR);
   const int64_t D = p.D;
-  ws.qt.assign(D * Br, 0.0f);
-  ws.st.resize((Bc + kJRMax) * Br);
-  ws.O.assign(Br * D, 0.0f);
+  ws.qt.assign(D * kLanesRows, 0.0f);
+  ws.st.resize((Bc + kJRMax) * kLanesRows);
+  ws.O.assign(kLanesRows * D, 0.0f);
   const float c = p.scale * kLog2e;
   for (int64_t i = 0; i < nq; ++i) {
     const float* qi = p.at(q, p.qs, b, h, q0 + i);
-    for (int64_t d = 0; d < D; ++d) ws.qt[d * Br + i] = qi[d] * c;
+    for (int64_t d = 0; d < D; ++d) ws.qt[d * kLanesRows + i] = qi[d] * c;
   }
   vf m[NVR], l[NVR];
   for (int v = 0; v < NVR; ++v) m[v] = vset1(kNegInf), l[v] = vzero();
@@ -90,7 +99,7 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
     const int64_t nk = std::min(Bc, kv_end - j0);
     for (int64_t j = 0; j < nk; j += kJR) {  // S^T = K Q^T; a short last group repeats its last key
       for (int r = 0; r < kJR; ++r) krow[r] = p.at(k, p.ks, b, h, j0 + std::min<int64_t>(j + r, nk - 1));
-      qk_lanes<NVR, kJR>(ws.qt.data(), D, krow, ws.st.data() + j * Br);
+      qk_lanes<NVR, kJR>(ws.qt.data(), D, krow, ws.st.data() + j * kLanesRows);
     }
     // m_new = max(m, max over the tile's keys): element-wise, 16 rows a vector. Masked scores are -inf.
     vf mx[NVR];
@@ -99,7 +108,7 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
       int64_t ilo, ihi;
       rows_of(j0 + j, ilo, ihi);
       for (int v = 0; v < NVR; ++v) {
-        const vf s = vload(ws.st.data() + j * Br + v * W);
+        const vf s = vload(ws.st.data() + j * kLanesRows + v * W);
         mx[v] = vmax(mx[v], ilo <= v * W && ihi >= (v + 1) * W ? s : vkeep_range(s, int(ilo - v * W), int(ihi - v * W), kNegInf));
       }
     }
@@ -108,8 +117,8 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
     vf msub[NVR];
     for (int v = 0; v < NVR; ++v) {
       const vf mn = vmax(m[v], mx[v]);
-      msub[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, vset1(kNegInf), _CMP_EQ_OQ), mn, vzero());
-      const vf a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m[v], vset1(kNegInf), _CMP_EQ_OQ), vexp2(vsub(m[v], msub[v])), vzero());
+      msub[v] = vselect_neginf(mn, vzero(), mn);
+      const vf a = vselect_neginf(m[v], vzero(), vexp2(vsub(m[v], msub[v])));
       vstore(ws.alpha + v * W, a);
       l[v] = vmul(l[v], a);
       m[v] = mn;
@@ -118,9 +127,9 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
       int64_t ilo, ihi;
       rows_of(j0 + j, ilo, ihi);
       for (int v = 0; v < NVR; ++v) {
-        const vf e = vexp2(vsub(vload(ws.st.data() + j * Br + v * W), msub[v]));
+        const vf e = vexp2(vsub(vload(ws.st.data() + j * kLanesRows + v * W), msub[v]));
         const vf P = ilo <= v * W && ihi >= (v + 1) * W ? e : vkeep_range(e, int(ilo - v * W), int(ihi - v * W), 0.0f);
-        vstore(ws.st.data() + j * Br + v * W, P);
+        vstore(ws.st.data() + j * kLanesRows + v * W, P);
         l[v] = vadd(l[v], P);
       }
     }
@@ -128,7 +137,7 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // O = diag(alpha) O + P V
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) {
         across_d<R()>(D, [&](int64_t cc, auto NV) {
-          pv_tile<R(), NV(), true>(ws.st.data() + i0, Br, nk, vj + cc, p.vs[2], ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
+          pv_tile<R(), NV(), true>(ws.st.data() + i0, kLanesRows, nk, vj + cc, p.vs[2], ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
         });
       });
   }
@@ -143,14 +152,13 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
 
 inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
                                  int64_t h, int64_t q0, LanesWorkspace& ws) {
-  const int64_t nq = std::min(Br, p.len_q(b) - q0);
-  static_assert(kNVR == 4, "flash_block_lanes dispatches 1 to 4 vectors of rows");
-  switch ((nq + W - 1) / W) {
-    case 1: return flash_block_lanes_n<1>(p, q, k, v, o, b, h, q0, nq, ws);
-    case 2: return flash_block_lanes_n<2>(p, q, k, v, o, b, h, q0, nq, ws);
-    case 3: return flash_block_lanes_n<3>(p, q, k, v, o, b, h, q0, nq, ws);
-    default: return flash_block_lanes_n<4>(p, q, k, v, o, b, h, q0, nq, ws);
+  const int64_t nq = std::min(kLanesRows, p.len_q(b) - q0);
+  const int64_t nvr = (nq + W - 1) / W;
+  if constexpr (kNVR == 4) {
+    if (nvr == 3) return flash_block_lanes_n<3>(p, q, k, v, o, b, h, q0, nq, ws);
+    if (nvr == 4) return flash_block_lanes_n<4>(p, q, k, v, o, b, h, q0, nq, ws);
   }
+  return nvr == 1 ? flash_block_lanes_n<1>(p, q, k, v, o, b, h, q0, nq, ws) : flash_block_lanes_n<2>(p, q, k, v, o, b, h, q0, nq, ws);
 }
 
 // Can the lanes path run this problem? fp32 (the caller's type), no window, no bias, whole vectors of D.
@@ -161,7 +169,7 @@ inline bool lanes_take(const Problem& p) { return p.win_left < 0 && p.win_right 
 template <typename ParallelFor>
 int64_t attention_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int threads,
                         ParallelFor&& parallel_for) {
-  return for_query_blocks<LanesWorkspace>(p, Br, o, threads, parallel_for, [&](int64_t b, int64_t h, int64_t q0, LanesWorkspace& ws) {
+  return for_query_blocks<LanesWorkspace>(p, kLanesRows, o, threads, parallel_for, [&](int64_t b, int64_t h, int64_t q0, LanesWorkspace& ws) {
     return flash_block_lanes(p, q, k, v, o, b, h, q0, ws);
   });
 }
