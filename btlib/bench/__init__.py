@@ -6,10 +6,11 @@ benchmarks; :func:`load_all` imports them all, so a new module is picked up by t
 
 from .core import (BENCHMARKS, Benchmark, Provider, declare, describe_machine, load_all, quick_mode, results_dir, run, run_rounds,
                    time_fn)
+from .describe import describe
 from .memory import peak_memory
 from .timing import NOISE_LIMIT, Protocol, protocol
 from .report import load_rows, plot, speedups, table
 from .verdict import Comparison, compare, find_row, noise, share_of_ideal
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run", "run_rounds",
-           "time_fn", "protocol", "Protocol", "NOISE_LIMIT", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]
+           "time_fn", "describe", "protocol", "Protocol", "NOISE_LIMIT", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

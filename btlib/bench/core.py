@@ -123,7 +123,7 @@ def declare(bench: Benchmark) -> Benchmark:
     return bench
 
 
-_HARNESS = {"core", "timing", "bounds", "report", "memory", "verdict", "__main__"}  # the modules of btlib.bench that declare nothing
+_HARNESS = {"core", "timing", "bounds", "report", "memory", "verdict", "describe", "__main__"}  # the modules of btlib.bench that declare nothing
 
 
 def load_all() -> dict[str, Benchmark]:

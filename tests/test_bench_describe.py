@@ -1,0 +1,49 @@
+"""btlib.bench.describe: the code a benchmark times, printed from its declaration (issue 37's experiment in view)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from btlib import bench
+from btlib.bench.describe import describe
+
+
+@pytest.mark.parametrize("name", sorted(bench.load_all()))
+def test_every_benchmark_describes_its_providers_by_file_and_line(name):
+    b = bench.load_all()[name]
+    text = describe(b, quick=True)
+    assert text.startswith(f"{name}: {b.description}")
+    assert str(bench.protocol(quick=True)) in text
+    for p in b.providers():
+        line = re.search(rf"^    {re.escape(p.name)} +(\S+):(\d+)$", text, re.M)
+        assert line, f"{p.name} has no file:line in\n{text}"
+        assert line[1].startswith("btlib/") and int(line[2]) > 0
+
+
+def test_a_provider_that_calls_a_registered_kernel_names_it_and_its_op():
+    text = describe("cpu_attention_versions", quick=False)
+    for kernel, op in (("cpu_flash_v3", "attention_v3"), ("cpu_naive_v1", "attention_v1"), ("torch_sdpa", "torch_sdpa")):
+        assert re.search(rf"-> kernel {kernel}: {op} \(btlib/kernels/\S+\.py:\d+\)", text), text
+    # the timed call itself, not the rest of its source line
+    assert 'lambda x: k.fn(x["q"], x["k"], x["v"], lengths=None, causal=False, scale=None)\n' in text
+    assert "sizes: T in (128, 256, 512, 1024)" in text and "(quick mode)" not in text
+
+
+def test_quick_mode_prints_the_quick_sizes():
+    b = bench.load_all()["cpu_attention_versions"]
+    assert f"sizes (quick mode): T in {tuple(b.quick['x_vals'])}" in describe(b, quick=True)
+
+
+def test_a_cells_overrides_are_what_it_prints():
+    b = bench.load_all()["attention_varlen"]
+    text = describe(b, quick=False, params={"T": 64}, x_vals=[0.5], providers=["cpu_flash_varlen"])
+    assert "sizes: padding in (0.5,); B 8, H 12, D 64, T 64" in text
+    assert re.findall(r"^    (\w+) +btlib/", text, re.M) == ["cpu_flash_varlen"]
+
+
+def test_the_protocol_printed_is_the_one_the_cell_runs():
+    text = describe("attention_varlen", quick=False, rounds=3, warmup=2, min_runs=4, max_runs=4)
+    assert "timed: 3 interleaved rounds per point; each round: 2 warm-up calls" in text
+    assert "at least 4 timed calls" in text and "(at most 4 calls)" in text
