@@ -55,6 +55,19 @@ def modernbert_flops(lengths: torch.Tensor, shape: dict) -> float:
 
 
 @functools.lru_cache(maxsize=1)
+
+def _save_quietly(model, folder: str) -> None:
+    """model.save_pretrained(folder) without transformers' progress bar (a notebook would keep its 0% frame)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
 def modernbert_pair(shape_name: str, seed: int = 0):
     """(transformers ModernBertModel "sdpa", btlib's ModernBertEncoder) holding the same random weights.
 
@@ -72,7 +85,7 @@ def modernbert_pair(shape_name: str, seed: int = 0):
         hf = tf.ModernBertModel(cfg).eval()
     hf.config._attn_implementation = "sdpa"
     with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp)
+        _save_quietly(hf, tmp)
         Tokenizer(models.WordLevel({"[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "[UNK]": 3}, unk_token="[UNK]")).save(
             str(Path(tmp) / "tokenizer.json"))  # the loader wants one; the benchmark feeds token ids
         ours = load_pretrained(tmp).eval()
