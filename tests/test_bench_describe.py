@@ -10,7 +10,15 @@ from btlib import bench
 from btlib.bench.describe import describe
 
 
-@pytest.mark.parametrize("name", sorted(bench.load_all()))
+# btlib's own declarations (tests declare throwaway benchmarks into the same registry, e.g. tests/test_bench.py)
+BTLIB_BENCHMARKS = sorted(n for n, b in bench.load_all().items() if b.make_inputs.__module__.startswith("btlib."))
+
+
+def test_btlib_declares_its_benchmarks():
+    assert {"attention_dense", "cpu_attention_versions", "windowed_attention_local", "gpu_attention"} <= set(BTLIB_BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", BTLIB_BENCHMARKS)
 def test_every_benchmark_describes_its_providers_by_file_and_line(name):
     b = bench.load_all()[name]
     text = describe(b, quick=True)
