@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 from pathlib import Path
 
-from ..kernels import kernels
+from ..kernels import get, kernels
 from ..kernels.registry import Kernel
 from .core import Benchmark, Provider, load_all, quick_mode
 from .timing import protocol
@@ -120,7 +120,7 @@ def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict 
         lines.append(f"    {p.name:<20s} {file}:{line}")
         lines += [f"    {'':<20s}   {_clip(text)}" for text in code]
         for name in _kernels_reached(p):
-            k = next(k for k in kernels() if k.name == name)
+            k = get(name)
             kfile, kline, _ = _where(k.fn)
             lines.append(f"    {'':<20s}   -> kernel {name}: {getattr(k.fn, '__name__', '?')} ({kfile}:{kline})")
     return "\n".join(lines)

@@ -202,13 +202,21 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
                                                 });
 }
 
-// v3's one entry: fp32 without a window or bias on AVX-512 and AVX2 takes the lanes blocks (flash_lanes.h),
-// everything else the row tiles above on the ISA's path.
+// Does v3 take the lanes blocks (flash_lanes.h) for this problem? fp32 without a window or bias on AVX-512 and AVX2.
+template <typename T>
+bool v3_takes_lanes(const Problem& p) {
+#if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
+  if constexpr (std::is_same_v<T, float>) return lanes_take(p);
+#endif
+  return false;
+}
+
+// v3's one entry: the lanes blocks where v3_takes_lanes, everything else the row tiles above on the ISA's path.
 template <typename T, typename ParallelFor>
 int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
 #if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
   if constexpr (std::is_same_v<T, float>)
-    if (lanes_take(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
+    if (v3_takes_lanes<T>(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
 #endif
   return attention_v3_on<typename PathFor<T>::type>(p, q, k, v, o, threads, parallel_for);
 }
@@ -217,8 +225,7 @@ int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o,
 template <typename T>
 int64_t v3_block_rows(const Problem& p) {
 #if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
-  if constexpr (std::is_same_v<T, float>)
-    if (lanes_take(p)) return kLanesRows;
+  if (v3_takes_lanes<T>(p)) return kLanesRows;
 #endif
   return p.block_rows();
 }
