@@ -1,4 +1,5 @@
-"""btlib.bench.cpu_attention: notebook 04's two benchmarks check out at their quick sizes, and matmul_peak measures.
+"""Notebook 04's two kernel benchmarks check out at their quick sizes, declared in the kernels' folders
+(btlib.kernels.cpu.teaching.bench, btlib.kernels.cpu.flash.bench), and btlib.bench.cpu_attention's matmul_peak measures.
 
 Quick sizes are T = 64, 97 (fp32) and 32, 97 (bf16): one tile multiple and one not. Every provider must pass the
 benchmark's check (v1, v2, v3 against the fp32 reference at 1e-5; bf16 v3 within 2x SDPA's own bf16 error).
@@ -9,14 +10,18 @@ import torch
 
 from btlib.bench import load_all, run
 from btlib.bench.cpu_attention import matmul_peak
+from btlib.kernels.cpu.flash import bench as flash_bench
+from btlib.kernels.cpu.teaching import bench as teaching_bench
 
 
-@pytest.mark.parametrize("name, providers", [
-    ("cpu_attention_versions", {"reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa"}),
-    ("attention_dense_bf16", {"cpu_flash_v3", "torch_sdpa"}),
+@pytest.mark.parametrize("name, providers, folder", [
+    ("cpu_attention_versions", {"reference", "cpu_naive_v1", "cpu_tiled_v2", "cpu_flash_v3", "torch_sdpa"}, teaching_bench),
+    ("attention_dense_bf16", {"cpu_flash_v3", "torch_sdpa"}, flash_bench),
 ])
-def test_cpu_benchmarks_check_out_quick(name, providers):
+def test_cpu_benchmarks_check_out_quick(name, providers, folder):
     bench = load_all()[name]
+    assert bench.make_inputs.__module__ == "btlib.bench.attention" or bench.make_inputs.__module__ == folder.__name__
+    assert bench.providers.__module__ == folder.__name__  # declared in the kernel's own folder
     assert {p.name for p in bench.providers()} == providers
     rows = run(bench, quick=True, warmup=0, min_runs=1, max_runs=1, save=False)
     assert {r["x"] for r in rows} == set(bench.quick["x_vals"])

@@ -34,6 +34,16 @@ def test_a_provider_that_calls_a_registered_kernel_names_it_and_its_op():
     text = describe("cpu_attention_versions", quick=False)
     for kernel, op in (("cpu_flash_v3", "attention_v3"), ("cpu_naive_v1", "attention_v1"), ("torch_sdpa", "torch_sdpa")):
         assert re.search(rf"-> kernel {kernel}: {op} \(btlib/kernels/\S+\.py:\d+\)", text), text
+    # a C++ op: the line of its family folder's binding (two hops from the cell: the binding, then the folder's headers)
+    from btlib.kernels.cpu import build, source
+
+    for op, folder in (("attention_v3", "flash"), ("attention_v1", "teaching")):
+        path, line = source.binding(op)
+        assert path == f"{folder}/{folder}.cpp" and f'm.impl("{op}"' in (build.HERE / path).read_text().splitlines()[line - 1]
+        assert f"C++: btlib/kernels/cpu/{path}:{line} binds it" in text
+    assert text.count("C++: ") == 3  # v1, v2, v3; the reference and SDPA are Python
+    with pytest.raises(LookupError, match="no btlib C\\+\\+ source binds the op 'nope'"):
+        source.binding("nope")
     # the timed call itself, not the rest of its source line
     assert 'lambda x: k.fn(x["q"], x["k"], x["v"], lengths=None, causal=False, scale=None)\n' in text
     assert "sizes: T in (128, 256, 512, 1024)" in text and "(quick mode)" not in text

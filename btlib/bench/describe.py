@@ -17,6 +17,7 @@ import inspect
 from pathlib import Path
 
 from ..kernels import get, kernels
+from ..kernels.cpu.source import binding
 from ..kernels.registry import Kernel
 from .core import Benchmark, Provider, load_all, quick_mode
 from .timing import protocol
@@ -123,4 +124,7 @@ def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict 
             k = get(name)
             kfile, kline, _ = _where(k.fn)
             lines.append(f"    {'':<20s}   -> kernel {name}: {getattr(k.fn, '__name__', '?')} ({kfile}:{kline})")
+            if getattr(k.fn, "op_name", None):  # a C++ op: the folder's binding, whose includes are the kernel's source
+                bfile, bline = binding(k.fn.op_name)
+                lines.append(f"    {'':<20s}      C++: btlib/kernels/cpu/{bfile}:{bline} binds it; its kernel is in that folder's headers")
     return "\n".join(lines)

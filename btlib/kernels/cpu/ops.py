@@ -120,6 +120,7 @@ def wrapper(name: str, python_name: str):
                scale: float | None = None, window: tuple[int, int] | None = None, bias: PositionBias | None = None) -> Tensor:
             return call(q, k, v, causal, scale, window, bias, {"lengths": lengths})
     fn.__name__ = fn.__qualname__ = python_name
+    fn.op_name = name  # the torch op it calls: btlib.kernels.cpu.source.binding(name) finds the C++ that binds it
     fn.__doc__ = f"torch.ops.btlib_cpu_<isa>.{op.schema}\n\n{op.doc}"
     return fn
 

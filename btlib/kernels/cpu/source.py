@@ -17,13 +17,23 @@ from pathlib import Path
 
 from . import build
 
-__all__ = ["show", "function_lines", "files"]
+__all__ = ["show", "function_lines", "files", "binding"]
 
 
 def files() -> dict[str, Path]:
     """Every C++ file btlib compiles, by its path relative to btlib/kernels/cpu/."""
     paths = [*build.SOURCES, *build.HEADERS, build.INT8_SOURCE, build.GEMM_SOURCE, build.HERE / "core_check.cpp"]
     return {p.relative_to(build.HERE).as_posix(): p for p in paths}
+
+
+def binding(op: str) -> tuple[str, int]:
+    """(path relative to btlib/kernels/cpu/, line) of the ``m.impl("op", ...)`` that binds torch op ``op`` to its C++:
+    the family folder's .cpp, whose includes are the kernel's headers beside it."""
+    for path in build.SOURCES:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(rf'm\.impl\("{re.escape(op)}"', line):
+                return path.relative_to(build.HERE).as_posix(), i
+    raise LookupError(f"no btlib C++ source binds the op {op!r} (m.impl(\"{op}\", ...)); ops bound: see build.SOURCES")
 
 
 def _file(path: str) -> list[str]:

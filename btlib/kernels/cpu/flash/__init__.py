@@ -10,8 +10,8 @@ shared with the teaching versions: ../core.h (Problem, Br, Bc, key_lo / key_hi) 
 type of each ISA). Which ISA body runs is this folder's choice (the build, ../build.py; the micro-kernel, flash.h's
 PathFor); which kernel "auto" takes is the registry's (registry.PRIORITY and what btlib.kernels.choice measures).
 Each op's schema: ../schema.py. Its check: btlib.kernels.check (the registry entry's reference, by default
-btlib.reference_attention / reference_varlen_attention); its benchmarks: attention_dense, attention_varlen
-(btlib/bench/attention.py) and attention_dense_bf16 (btlib/bench/cpu_attention.py).
+btlib.reference_attention / reference_varlen_attention); its benchmarks: attention_dense_bf16 (bench.py, in this folder), and
+attention_dense, attention_varlen beside the other kernels (btlib/bench/attention.py).
 """
 
 import torch

@@ -4,7 +4,7 @@ The C++, in this folder (one hop from here):
     teaching.cpp   the torch binding of the ops attention_v1, attention_v2 (checks: ../binding.h)
     teaching.h     attention_v1 (materialise S = Q K^T, softmax, P V) and attention_v2 (Br x Bc tiles, two passes over K)
 shared with flash/: ../core.h (Problem, Br, Bc). Each op's schema: ../schema.py. Its check: btlib.kernels.check against
-btlib.reference_attention; its benchmark: cpu_attention_versions (btlib/bench/cpu_attention.py).
+btlib.reference_attention; its benchmark: cpu_attention_versions (bench.py, in this folder).
 """
 
 from ...registry import Kernel, register
