@@ -51,7 +51,7 @@ struct LanesWorkspace {
 constexpr int jr_for(int NVR) { return NVR == 1 ? 12 : NVR == 2 ? (kNVR == 2 ? 6 : 8) : 6; }
 constexpr int kJRMax = 12;
 
-// S^T[JR][Br] = K[JR][D] Q^T[D][Br] for the first NVR vectors of rows: per d one broadcast of each key's element
+// S^T[JR][kLanesRows] = K[JR][D] Q^T[D][kLanesRows] for the first NVR vectors of rows: per d one broadcast of each key's element
 // and NVR loads of Q^T.
 template <int NVR, int JR>
 inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float* st) {
