@@ -65,3 +65,18 @@ def test_the_protocol_printed_is_the_one_the_cell_runs():
     text = describe("attention_varlen", quick=False, rounds=3, warmup=2, min_runs=4, max_runs=4)
     assert "timed: 3 interleaved rounds per point; each round: 2 warm-up calls" in text
     assert "at least 4 timed calls" in text and "(at most 4 calls)" in text
+
+
+def test_a_lambda_inside_another_on_one_line_prints_the_inner_one():
+    """sdpa.py declares gpt_train's providers as `lambda: [Provider("sdpa", lambda x: _gpt_step(...), ...)`: the timed
+    call is the inner lambda, found by the column its code starts at, not the first "lambda" on the line."""
+    text = describe("gpt_train", quick=False)
+    assert 'lambda x: _gpt_step(x["sdpa"], x)\n' in text
+    assert "lambda: [Provider(" not in text
+
+
+def test_one_round_promises_no_retry():
+    """run_rounds retries a noisy point only when it runs more than one round; the printed protocol says the same."""
+    one, two = describe("attention_dense", rounds=1, quick=False), describe("attention_dense", rounds=2, quick=False)
+    assert "more rounds with trials twice as long" not in one and "too noisy to compare here" in one
+    assert "more rounds with trials twice as long" in two

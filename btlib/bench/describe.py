@@ -45,7 +45,7 @@ def _where(obj, body: int = 3) -> tuple[str, int, list[str]]:
     code = [line.strip() for line in lines if line.strip() and not line.strip().startswith(("@", "#"))]
     if getattr(obj, "__name__", "") == "<lambda>":
         first = code[0] if code else ""
-        return shown, start, [_lambda_only(first[first.index("lambda"):])] if "lambda" in first else []
+        return shown, start, [_lambda_only(first[_lambda_start(obj, lines[0], first):])] if "lambda" in first else []
     in_doc, kept = False, []
     for text in code[1:]:  # after the def line
         if not in_doc and text.startswith(_QUOTES):
@@ -58,6 +58,15 @@ def _where(obj, body: int = 3) -> tuple[str, int, list[str]]:
         if len(kept) == body:
             break
     return shown, start, kept
+
+
+def _lambda_start(fn, line: str, stripped: str) -> int:
+    """Where in ``stripped`` (``line`` without its indentation) the lambda ``fn`` starts: the last "lambda" before the
+    column its body's code begins at (a line may hold an outer lambda too: ``lambda: [Provider("a", lambda x: f(x))]``)."""
+    cols = [c for ln, _, c, _ in fn.__code__.co_positions() if ln == fn.__code__.co_firstlineno and c is not None and c > 0]
+    body = min(cols, default=len(line)) - (len(line) - len(line.lstrip()))
+    at = stripped.rfind("lambda", 0, max(body, 0))
+    return at if at >= 0 else stripped.index("lambda")
 
 
 def _lambda_only(text: str) -> str:

@@ -58,7 +58,7 @@ class Protocol:
         keep = ("a row keeps its best round's median; noise is the next-best round over the best" if self.rounds > 1 else
                 "a row keeps its median; noise is its median over its fastest call")
         retry = (f"a point whose noise is above {NOISE_LIMIT:.0%} gets {self.retry_rounds} more rounds with trials twice "
-                 "as long, and if it stays above, its comparisons read \"too noisy to compare here\"" if self.retry_rounds else
+                 "as long, and if it stays above, its comparisons read \"too noisy to compare here\"" if self.retry_rounds and self.rounds > 1 else
                  f"noise above {NOISE_LIMIT:.0%} reads \"too noisy to compare here\"")
         warm = f"{self.warmup} warm-up call{'s' * (self.warmup != 1)} (the call checked against the reference is the first)"
         return (f"{rounds}; each round: {warm}, then {trial} "
