@@ -64,7 +64,7 @@ def test_a_cells_overrides_are_what_it_prints():
 def test_the_protocol_printed_is_the_one_the_cell_runs():
     text = describe("attention_varlen", quick=False, rounds=3, warmup=2, min_runs=4, max_runs=4)
     assert "timed: 3 interleaved rounds per point; each round: 2 warm-up calls" in text
-    assert "at least 4 timed calls" in text and "(at most 4 calls)" in text
+    assert "then exactly 4 timed calls;" in text  # min_runs == max_runs
 
 
 def test_a_lambda_inside_another_on_one_line_prints_the_inner_one():
@@ -80,3 +80,11 @@ def test_one_round_promises_no_retry():
     one, two = describe("attention_dense", rounds=1, quick=False), describe("attention_dense", rounds=2, quick=False)
     assert "more rounds with trials twice as long" not in one and "too noisy to compare here" in one
     assert "more rounds with trials twice as long" in two
+
+
+def test_a_fixed_number_of_calls_is_printed_as_such():
+    """min_runs == max_runs: the trial time cannot add a call, so the protocol says "exactly N" (not "at least N and
+    0.3 s (at most N)")."""
+    text = describe("attention_dense", quick=False, min_runs=3, max_runs=3)
+    assert "exactly 3 timed calls;" in text and "at least 3" not in text and "at most 3" not in text
+    assert "at least 5 timed calls and 0.3 s (at most 50 calls)" in describe("attention_dense", quick=False)

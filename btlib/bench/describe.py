@@ -82,9 +82,15 @@ def _lambda_only(text: str) -> str:
 
 def _kernels_reached(provider: Provider) -> list[str]:
     """The registered kernels a provider's callable names: strings in its code's constants, and names or Kernel
-    objects in its default arguments and closure cells (``lambda x, k=k: k.fn(...)``, ``get("cpu_flash_v3").fn(...)``)."""
+    objects in its default arguments and closure cells (``lambda x, k=k: k.fn(...)``, ``get("cpu_flash_v3").fn(...)``),
+    and the constants of a module-level btlib function it calls (``lambda x: _btlib(x, ...)``, one level down)."""
     fn, names = provider.fn, {k.name for k in kernels()}
-    values = list(getattr(getattr(fn, "__code__", None), "co_consts", ()) or ()) + list(getattr(fn, "__defaults__", None) or ())
+    code = getattr(fn, "__code__", None)
+    values = list(getattr(code, "co_consts", ()) or ()) + list(getattr(fn, "__defaults__", None) or ())
+    for name in getattr(code, "co_names", ()):
+        called = getattr(fn, "__globals__", {}).get(name)
+        if inspect.isfunction(called) and called.__module__.startswith("btlib."):
+            values += list(called.__code__.co_consts)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             values.append(cell.cell_contents)

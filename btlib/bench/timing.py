@@ -54,15 +54,16 @@ class Protocol:
 
     def __str__(self) -> str:
         rounds = f"{self.rounds} interleaved round{'s' * (self.rounds != 1)} per point"
-        trial = f"at least {self.min_calls} timed calls" + (f" and {self.min_trial_s:g} s" if self.min_trial_s else "")
+        fixed = self.min_calls >= self.max_calls  # as many calls as the cap: the trial time cannot add any
+        trial = (f"exactly {self.max_calls} timed calls" if fixed else
+                 f"at least {self.min_calls} timed calls" + (f" and {self.min_trial_s:g} s" if self.min_trial_s else ""))
         keep = ("a row keeps its best round's median; noise is the next-best round over the best" if self.rounds > 1 else
                 "a row keeps its median; noise is its median over its fastest call")
         retry = (f"a point whose noise is above {NOISE_LIMIT:.0%} gets {self.retry_rounds} more rounds with trials twice "
                  "as long, and if it stays above, its comparisons read \"too noisy to compare here\"" if self.retry_rounds and self.rounds > 1 else
                  f"noise above {NOISE_LIMIT:.0%} reads \"too noisy to compare here\"")
         warm = f"{self.warmup} warm-up call{'s' * (self.warmup != 1)} (the call checked against the reference is the first)"
-        return (f"{rounds}; each round: {warm}, then {trial} "
-                f"(at most {self.max_calls} calls); {keep}; {retry}")
+        return f"{rounds}; each round: {warm}, then {trial}{'' if fixed else f' (at most {self.max_calls} calls)'}; {keep}; {retry}"
 
 
 DEFAULT = Protocol(rounds=2, warmup=1, min_calls=5, max_calls=50, min_trial_s=0.3, retry_rounds=2)

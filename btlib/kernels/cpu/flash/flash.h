@@ -122,7 +122,9 @@ inline BiasRows expand_position_bias(const Problem& p) {
 // tokens (AMD EPYC Zen 4, 2 threads). So while block q0 runs its online softmax, row i asks for what the next
 // blocks need: the next block's query row i, the key and value Bc + i past this block's band (packed when a later
 // block reaches its tile) and this block's output row i, into L2: 1.15-1.2x on that layer. All of it in one burst
-// at the block's start gained 2% (the misses queue up), into L1 3% (it evicts the block's own tiles).
+// at the block's start gained 2% (the misses queue up), into L1 3% (it evicts the block's own tiles). Measure it on
+// your CPU: python -m btlib.bench run windowed_attention_local (its "of bound" column), against a copy without it
+// (btlib.kernels.cpu.build.load_copy).
 // always_inline: GCC finds that a function whose only statements are prefetches changes nothing and deletes the
 // call (-O1 and up; an inline helper, or a lambda, emitted no prefetch at all), while prefetch statements inside
 // flash_block are kept.
