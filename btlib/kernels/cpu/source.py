@@ -13,6 +13,7 @@ prints its first definition, the AVX-512 one.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 from . import build
@@ -26,6 +27,7 @@ def files() -> dict[str, Path]:
     return {p.relative_to(build.HERE).as_posix(): p for p in paths}
 
 
+@lru_cache(maxsize=None)  # describe asks once per provider; the sources do not change within a process
 def binding(op: str) -> tuple[str, int]:
     """(path relative to btlib/kernels/cpu/, line) of the ``m.impl("op", ...)`` that binds torch op ``op`` to its C++:
     the family folder's .cpp, whose includes are the kernel's headers beside it."""
