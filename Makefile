@@ -41,7 +41,7 @@ lab: setup
 
 test: setup-dev
 	@mkdir -p build/bench
-	BTLIB_QUICK=1 BTLIB_RESULTS_DIR=$(CURDIR)/build/bench $(BIN)/python -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+	BTLIB_QUICK=1 BTLIB_RESULTS_DIR=$(CURDIR)/build/bench $(BIN)/python -m pytest tests notebooks --nbval-lax -p no:cacheprovider --durations=30
 	$(BIN)/python -m btlib.bench summary build/bench
 
 unit: setup-dev
