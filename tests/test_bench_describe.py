@@ -88,3 +88,15 @@ def test_a_fixed_number_of_calls_is_printed_as_such():
     text = describe("attention_dense", quick=False, min_runs=3, max_runs=3)
     assert "exactly 3 timed calls;" in text and "at least 3" not in text and "at most 3" not in text
     assert "at least 5 timed calls and 0.3 s (at most 50 calls)" in describe("attention_dense", quick=False)
+
+
+def test_a_helper_the_timed_call_goes_through_is_printed_with_its_body():
+    """``lambda x: _mha_call(x, nw, fp)`` says little: the body of the benchmark module's private helper (what the
+    timed call really does) is printed once, below the providers, without its docstring."""
+    text = describe("mha_need_weights")
+    assert text.count("_mha_call, which the calls above go through (btlib/bench/sdpa.py:") == 1
+    body = text.split("_mha_call, which the calls above go through")[1]
+    assert "set_fastpath_enabled(fastpath)" in body and "need_weights=need_weights)[0]" in body
+    assert '"""' not in body
+    assert "_btlib, which the calls above" in describe("windowed_attention_local", providers=["btlib"])
+    assert "which the calls above go through" not in describe("attention_dense")  # registry kernels: no helper

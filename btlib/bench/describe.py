@@ -101,6 +101,26 @@ def _kernels_reached(provider: Provider) -> list[str]:
     return sorted(found)
 
 
+def _helpers(fn) -> list:
+    """The benchmark module's own private functions a provider's call goes through (``lambda x: _mha_call(x, ...)``):
+    what the timed call does is in their bodies, so describe prints them beside the call."""
+    code = getattr(fn, "__code__", None)
+    found = [getattr(fn, "__globals__", {}).get(name) for name in getattr(code, "co_names", ())]
+    return [f for f in found if inspect.isfunction(f) and f.__name__.startswith("_")
+            and f.__module__.startswith("btlib.bench.")]
+
+
+def _body(fn, most: int = 10) -> list[str]:
+    """A function's source without its docstring, indentation kept, at most ``most`` lines (then "...")."""
+    lines = [line.rstrip() for line in inspect.getsourcelines(fn)[0]]
+    tree = ast.parse(inspect.getsource(fn)).body[0]
+    first = tree.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and len(tree.body) > 1:
+        lines = lines[: first.lineno - 1] + lines[first.end_lineno:]  # the docstring says what, the code is the how
+    lines = [line for line in lines if line.strip()]
+    return lines[:most] + (["    ..."] if len(lines) > most else [])
+
+
 def _clip(text: str, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -129,9 +149,11 @@ def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict 
              "a provider that fails is not timed",
              f"  timed: {timed}",
              "  providers, and the call each timed repetition makes:"]
+    helpers: list = []
     for p in b.providers():
         if providers is not None and p.name not in providers:
             continue
+        helpers += [f for f in _helpers(p.fn) if f not in helpers]
         file, line, code = _where(p.fn)
         lines.append(f"    {p.name:<20s} {file}:{line}")
         lines += [f"    {'':<20s}   {_clip(text)}" for text in code]
@@ -142,4 +164,8 @@ def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict 
             if getattr(k.fn, "op_name", None):  # a C++ op: the folder's binding, whose includes are the kernel's source
                 bfile, bline = binding(k.fn.op_name)
                 lines.append(f"    {'':<20s}      C++: btlib/kernels/cpu/{bfile}:{bline} binds it; its kernel is in that folder's headers")
+    for f in helpers:
+        hfile, hline, _ = _where(f)
+        lines.append(f"  {f.__name__}, which the calls above go through ({hfile}:{hline}):")
+        lines += [f"    {text}" for text in _body(f)]  # whole lines: a clipped call would hide its arguments
     return "\n".join(lines)
