@@ -25,6 +25,7 @@ import torch
 __all__ = ["Constraint", "CONSTRAINTS", "evidence", "constraint_table"]
 
 _HEADER = "include/ATen/native/transformers/sdp_utils_cpp.h"
+_CUDA_REST = "the rest read in torch's CUDA source, not run"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class Constraint:
     today: str
     how: str
     found_in: tuple[str, str] | None = None
+    # For an "installed" row whose "today" says more than its one message proves: the part it proves (a piece of
+    # ``today``) and how the rest is known. None: the message covers the whole entry.
+    proves: str | None = None
+    rest: str | None = None
 
 
 CONSTRAINTS: tuple[Constraint, ...] = (
@@ -51,10 +56,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint("attn_mask", "none in the fused kernels: causal only, as is_causal=True with attn_mask=None",
                "flash: still none, and is_causal only with T_q == T_k; mem-efficient: any bool or additive mask "
                "broadcastable to (B, H, T, S); cuDNN: 2-D or 4-D masks", "installed",
-               (_HEADER, "Flash Attention does not support non-null attn_mask.")),
+               (_HEADER, "Flash Attention does not support non-null attn_mask."), "flash: still none", _CUDA_REST),
     Constraint("dropout", "flash: yes; mem-efficient: no (p must be 0 in 2.0)",
                "flash and mem-efficient: yes; cuDNN: p a multiple of 1/16; the CPU flash kernel: no", "installed",
-               (_HEADER, "Both fused kernels do not support non-zero dropout.")),
+               (_HEADER, "Both fused kernels do not support non-zero dropout."), "the CPU flash kernel: no", _CUDA_REST),
     Constraint("need_weights", "nn.MultiheadAttention must get need_weights=False (the default is True)",
                "unchanged: the weights need the (B, H, T, S) probabilities, which a fused kernel never stores",
                "installed", ("nn/modules/activation.py", "Set ``need_weights=False`` to use the optimized")),
@@ -64,7 +69,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint("nested inputs", "forward through all kernels; training only with math; not under torch.compile",
                "jagged layout: flash and mem-efficient on CUDA (varlen); mem-efficient refuses nested + grad; "
                "on CPU math only, no masks, no is_causal", "installed",
-               (_HEADER, "Memory efficient attention currently doesn't support training with NT inputs.")),
+               (_HEADER, "Memory efficient attention currently doesn't support training with NT inputs."),
+               "mem-efficient refuses nested + grad",
+               "the CPU part run live by explain_sdpa on a nested tensor (notebook 03, after this table); the CUDA part read in torch's "
+               "CUDA source, not run"),
     Constraint("layout", "(not listed)",
                "4-D (B, H, T, D) inputs with the last dimension contiguous (stride 1) for every fused kernel",
                "installed", (_HEADER, "All fused kernels require the last dimension of the input to have stride 1.")),
@@ -91,8 +99,10 @@ def constraint_table() -> str:
     for r in CONSTRAINTS:
         if r.how == "installed":
             found = evidence(r)
-            known = {True: f"message found in this torch's `{r.found_in[0].split('/')[-1]}`",
-                     False: f"message NOT found in this torch's `{r.found_in[0].split('/')[-1]}`: changed since",
+            file = r.found_in[0].split("/")[-1]
+            known = {True: f"message found in this torch's `{file}`" if r.proves is None else
+                     f"*{r.proves}*: message found in this torch's `{file}`; {r.rest}",
+                     False: f"message NOT found in this torch's `{file}`: changed since",
                      None: "file not shipped with this torch"}[found]
         else:
             known = how[r.how]
