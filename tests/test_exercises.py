@@ -301,12 +301,15 @@ def test_03_3(tmp_path):
     from btlib.bench import peak_memory
     from btlib.reference import naive_attention
     qe, ke, ve = (torch.randn(2, 4, 300, 64, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    measure = lambda: peak_memory(lambda: naive_attention(qe, ke, ve))
-    scores_and_probs = lambda B, H, T, D: 4 * (2 * B * H * T * T + B * H * T * D)  # two (B,H,T,T) and the output
-    only_scores = lambda B, H, T, D: 4 * B * H * T * T
-    assert_correct(exercises.check("03-3", scores_and_probs, measure), "03-3")
-    v = exercises.check("03-3", only_scores, measure)
-    assert_not_yet(v, "03-3", scores_and_probs(2, 4, 300, 64), scores_and_probs(2, 4, 300, 64) / 2**20, says="below")
+    causal = torch.ones(300, 300, dtype=torch.bool).tril()
+    measure = lambda: peak_memory(lambda: naive_attention(qe, ke, ve, causal))
+    # masked_fill's scores, the fp32 softmax and its nan_to_num copy are alive at once; the output comes after the
+    # softmax's first copy is gone
+    three_scores = lambda B, H, T, D: 4 * 3 * B * H * T * T
+    unmasked = lambda B, H, T, D: 4 * (2 * B * H * T * T + B * H * T * D)  # the no-mask call's peak: a wrong answer here
+    assert_correct(exercises.check("03-3", three_scores, measure), "03-3")
+    v = exercises.check("03-3", unmasked, measure)
+    assert_not_yet(v, "03-3", three_scores(2, 4, 300, 64), three_scores(2, 4, 300, 64) / 2**20, says="below")
     assert_not_yet(exercises.check("03-3", lambda B, H, T, D: 1 / 0, measure), "03-3", says="ZeroDivisionError")
 
 

@@ -179,13 +179,15 @@ def ex_03_2(my_mha_call: Callable) -> Verdict:
 
 
 def ex_03_3(my_peak_bytes: Callable, measure: Callable[[], float]) -> Verdict:
-    """my_peak_bytes(2, 4, 300, 64) against naive_attention's measured peak, within 5%."""
+    """my_peak_bytes(2, 4, 300, 64) against the measured peak of naive_attention with a causal (T, T) bool mask,
+    within 5%."""
     return guarded("03-3", lambda: numeric(
                    "03-3", my_peak_bytes(2, 4, 300, 64), "my_peak_bytes(2, 4, 300, 64)", measure, rel=0.05,
                    unit="bytes", against="the measured peak", note="my_peak_bytes returns None",
                    above="a temporary freed before the next one is allocated does not add to the peak",
-                   below="count every (B, H, T, T) and (B, H, T, D) tensor naive_attention holds at the same moment, "
-                         "4 bytes per fp32 element",
+                   below="count every (B, H, T, T) and (B, H, T, D) tensor naive_attention holds at the same moment "
+                         "on its masked path, 4 bytes per fp32 element: a name given a new tensor lets go of the old "
+                         "one only once the new one exists",
                    verified=lambda x, m: f"your formula gives {x / 2**20:.2f} MiB; measured {m / 2**20:.2f} MiB: within 5%"))
 
 
