@@ -10,7 +10,8 @@ token and a text costs its words plus [CLS] and [SEP]), one server each, started
     reranker          BertForSequenceClassification, one label, 24 tokens per (query, text) pair; --auto-truncate
 
 Each case draws a request: a route (mostly the one the folder's kind serves), a body of valid and invalid field
-values (strings, lists, [], numbers where strings belong, nested and token-id lists, null, booleans as strings,
+values (strings, lists, [], numbers where strings belong, nested lists, token-id lists (valid, empty, past the
+length limit, outside the vocabulary), null, booleans as strings,
 unknown fields, prompt_name real and unknown, dimensions in and out of range, normalize, truncate, truncation_direction,
 encoding_format, raw_scores, return_text, lone-surrogate escapes, unicode, "", texts one below / at / one above the
 token limit with their prompt, more inputs than max_inputs), sometimes a malformed body (not JSON, an array, no or
@@ -146,7 +147,8 @@ class Draw:
 
     def wrong(self):
         """A value of a JSON type no text field takes."""
-        return self.rng.choice([5, 1.5, None, True, "false", [1, 2, 3], [[1, 2]], [["w1"]], {"text": "w1"}, ["w1", 7], [None]])
+        return self.rng.choice([5, 1.5, None, True, "false", [1, 2, 3], [[1, 2]], [["w1"]], {"text": "w1"}, ["w1", 7], [None],
+                                [[2, 7, 3], [2, 3]], [2] + [9] * 20 + [3], [[]], [[2, 10**6, 3]], [-1, 3]])  # token ids too
 
     def body(self, route: str) -> dict:
         t, pick, maybe = self.t, self.pick, self.maybe
@@ -235,7 +237,7 @@ def draw(rng: random.Random, targets: list[Target]) -> Case:
                            "localhost:1", "[::1]:9", "127.0.0.5", "LOCALHOST"])
         case.headers["host"], case.bad_host = host, "evil" in host
     elif r < 0.17:
-        case.method, case.path = rng.choice([("GET", ROUTES[route]), ("POST", "/embeddings"), ("POST", "/v1/embed")])
+        case.method, case.path = rng.choice([("GET", ROUTES[route]), ("POST", "/v2/embeddings"), ("POST", "/v1/embed")])
     return case
 
 # -- running the cases -----------------------------------------------------------------------------------------------

@@ -10,14 +10,15 @@ the rules:
     400 naming Host for a Host that is not this machine's; 422 naming the body for one that is not a JSON object in
     UTF-8 sent as application/json; 422 naming the field for an unknown field, a wrong JSON type (strict: "8" is
     not an int, "false" not a bool, null only where the field is optional), a missing required field; then 424 for
-    the other model kind's route, 422 for dimensions outside 1..width, normalize=false on a Normalize folder, an
+    the other model kind's route, 422 for dimensions outside 1..width, an
     unknown prompt_name, an empty input list, truncation_direction left, a lone surrogate (naming its field);
     413 for more inputs than max_inputs, or an input past max_seq_length with its prompt unless truncate (null:
-    the server's --auto-truncate) is true.
+    the server's --auto-truncate) is true. normalize=false on a Normalize folder: the folder's vector with its
+    Normalize modules skipped (what TEI computes; TEI pools and normalises in its router).
 
 A request breaking several rules may be refused by any rule of its first layer (Host; body; fields; the rest),
 since the rules give no order within a layer. An error body must be in its route's shape (/v1: OpenAI's
-{"error": {"message", "type", "code"}}, else TEI's {"error", "error_type"}). A finding is a 5xx, no answer, a 200
+{"error": {"message", "type", "param", "code"}}, else TEI's {"error", "error_type"}). A finding is a 5xx, no answer, a 200
 whose numbers differ from the oracle by more than 1e-5 of the rows' scale (a row cut to ``dimensions`` and not
 renormalised: its full row's), a 200 where the rules refuse, a refusal where they answer, a status no broken rule
 gives, or a message not naming what it refuses.
@@ -26,8 +27,10 @@ Where the rules are silent, what sentence-transformers / TEI do (decided here):
 
 - "" is a text (200: ST encodes [CLS] [SEP] with its prompt; TEI too), "inputs": [] is refused (422, TEI's
   "`inputs` cannot be empty").
-- Token-id inputs ([1, 2] or [[1, 2]]), which TEI and OpenAI accept, are refused by name: app.py's schema is
-  str | [str], and a refusal by name is no wrong answer.
+- Token-id inputs ([1, 2] or [[1, 2]]), which TEI and OpenAI accept, run as given: sentence-transformers' modules
+  on those input_ids (no special tokens added, no prompt; cut at max_seq_length where truncation is allowed, else
+  413 naming tokens); prompt_name with them is a 422 naming it, an empty id list or an id outside the model's
+  vocabulary (config.json's vocab_size) a 422 naming the input field.
 - prompt_name "query" / "document" on a folder that sets no such prompt is no prompt (ST's default prompts are "").
 - A wrong Content-Type (or none) is 415 (axum's) or 422 (FastAPI's); a body in UTF-16 / UTF-32 is refused as
   serde_json refuses it (RFC 8259: JSON between systems is UTF-8); a UTF-8 BOM may be skipped or refused.
@@ -101,7 +104,19 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_TEXT = (lambda v: isinstance(v, str) or _str_list(v), ...)  # ...: required
+def _ids(v) -> bool:  # one input's token ids, or a list of them
+    return isinstance(v, list) and bool(v) and (all(_int(x) for x in v) or
+                                                all(isinstance(r, list) and all(_int(x) for x in r) for r in v))
+
+
+def _id_rows(v) -> list[list[int]] | None:
+    """Token-id inputs as one id list per input; None for text inputs."""
+    if not _ids(v):
+        return None
+    return [v] if _int(v[0]) else v
+
+
+_TEXT = (lambda v: isinstance(v, str) or _str_list(v) or _ids(v), ...)  # ...: required
 _BOOL = (lambda v: isinstance(v, bool), True)
 _OPT_BOOL = (lambda v: v is None or isinstance(v, bool), None)
 _OPT_STR = (lambda v: v is None or isinstance(v, str), None)
@@ -183,10 +198,10 @@ def _embedding_rules(t: Target, route: str, get) -> list[tuple]:
     dims, name = get("dimensions"), get("prompt_name")
     if dims is not None and not 1 <= dims <= (t.width or 32):
         out.append(((422,), ("dimensions",), f"dimensions={dims} outside 1..{t.width}"))
-    if route == "embed" and get("normalize") is False and t.normalizes:
-        out.append(((422,), ("normalize",), "normalize=false on a Normalize folder"))
     if route == "embed" and get("truncation_direction").lower() != "right":
         out.append(((422,), ("truncation_direction",), "truncation_direction left"))
+    if (rows := _id_rows(get(key))) is not None:
+        return out + _id_rules(t, route, get, key, rows)
     if not texts:
         out.append(((422,), (key,), "no inputs"))
     if len(texts) > t.max_inputs:
@@ -200,6 +215,42 @@ def _embedding_rules(t: Target, route: str, get) -> list[tuple]:
         out += [((413,), ("tokens",), f"{key}[{i}] past {t.max_len} tokens") for i, x in enumerate(texts)
                 if not surrogate(x) and t.tokens(x, name) > t.max_len]
     return out
+
+
+def _id_rules(t: Target, route: str, get, key: str, rows: list[list[int]]) -> list[tuple]:
+    out = []
+    if get("prompt_name") is not None:
+        out.append(((422,), ("prompt_name",), "prompt_name with token ids"))
+    if len(rows) > t.max_inputs:
+        out.append(((413,), (key,), f"{len(rows)} inputs > max_inputs {t.max_inputs}"))
+    vocab = t.ref[0].auto_model.config.vocab_size if t.kind == "embedding" else None
+    out += [((422,), (key,), f"{key}[{i}] empty or outside the vocabulary") for i, r in enumerate(rows)
+            if not r or (vocab is not None and not all(0 <= x < vocab for x in r))]
+    truncate = get("truncate") if route == "embed" and get("truncate") is not None else t.auto_truncate
+    if t.kind == "embedding" and not truncate:
+        out += [((413,), ("tokens",), f"{key}[{i}] past {t.max_len} tokens") for i, r in enumerate(rows) if len(r) > t.max_len]
+    return out
+
+
+def _reference(t: Target, texts, name, dims, normalize: bool, skip_normalize: bool = False) -> torch.Tensor:
+    """sentence-transformers' rows for texts (or token-id rows, run through its modules as given, cut at
+    max_seq_length), its truncate_dim, then ``dims`` features, L2-normalised where ``normalize``; skip_normalize: with
+    its Normalize modules skipped (TEI's normalize=false)."""
+    rows, skip_normalize = _id_rows(texts), skip_normalize and t.normalizes  # a folder without Normalize: its own rows
+    if rows is None and not skip_normalize:
+        return t.ref.encode(texts, prompt_name=name, truncate_dim=dims, normalize_embeddings=normalize, convert_to_tensor=True)
+    rows = rows if rows is not None else [t.ref.tokenize([t.prompt(name) + x])["input_ids"][0].tolist() for x in texts]
+    out = []
+    with torch.no_grad():
+        for ids in rows:
+            ids = ids[:t.max_len]
+            features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+            for module in t.ref:
+                if not (skip_normalize and type(module).__name__ == "Normalize"):
+                    features = module(features)
+            out.append(features["sentence_embedding"][0])
+    emb = torch.stack(out)[:, :t.ref.truncate_dim][:, :dims]
+    return torch.nn.functional.normalize(emb, dim=-1) if normalize else emb
 
 
 def _rerank_rules(t: Target, get) -> list[tuple]:
@@ -237,21 +288,21 @@ def close(got, ref: torch.Tensor, scale: float | None = None) -> str | None:
     return None
 
 
-def _scale(t: Target, texts: list[str], name, dims, normalize: bool) -> float | None:
+def _scale(t: Target, texts: list[str], name, dims, normalize: bool, skip_normalize: bool = False) -> float | None:
     """The scale of rows cut to ``dims`` features and not renormalised: their full rows' (a first feature of 2e-3 is
     computed from states of order 1, with their rounding); None (the reference's own) otherwise."""
     if dims is None or normalize:
         return None
-    return float(t.ref.encode(texts, prompt_name=name, convert_to_tensor=True).abs().max())
+    return float(_reference(t, texts, name, None, False, skip_normalize).abs().max())
 
 
 def _embed_answer(t: Target, get):
     texts = [get("inputs")] if isinstance(get("inputs"), str) else get("inputs")
 
     def check(answer) -> str | None:
-        ref = t.ref.encode(texts, prompt_name=get("prompt_name"), truncate_dim=get("dimensions"),
-                           normalize_embeddings=get("normalize"), convert_to_tensor=True)
-        return close(answer, ref, _scale(t, texts, get("prompt_name"), get("dimensions"), get("normalize")))
+        name, dims, normalize = get("prompt_name"), get("dimensions"), get("normalize")
+        ref = _reference(t, texts, name, dims, normalize, skip_normalize=not normalize)
+        return close(answer, ref, _scale(t, texts, name, dims, normalize, skip_normalize=not normalize))
     return check
 
 
@@ -260,8 +311,7 @@ def _openai_answer(t: Target, get):
 
     def check(answer) -> str | None:
         dims, name = get("dimensions"), get("prompt_name")
-        ref = t.ref.encode(texts, prompt_name=name, truncate_dim=dims,
-                           normalize_embeddings=dims is not None and t.normalizes, convert_to_tensor=True)
+        ref = _reference(t, texts, name, dims, dims is not None and t.normalizes)
         try:
             data = answer["data"]
             if answer["object"] != "list" or [d["index"] for d in data] != list(range(len(texts))):
@@ -273,7 +323,9 @@ def _openai_answer(t: Target, get):
             return f"not OpenAI's answer ({type(e).__name__}: {e}): {str(answer)[:200]}"
         if (why := close(rows, ref, _scale(t, texts, name, dims, dims is not None and t.normalizes))) is not None:
             return why
-        tokens = sum(min(t.tokens(x, name), t.max_len) for x in texts)
+        rows = _id_rows(get("input"))
+        tokens = (sum(min(len(r), t.max_len) for r in rows) if rows is not None else
+                  sum(min(t.tokens(x, name), t.max_len) for x in texts))
         if usage != {"prompt_tokens": tokens, "total_tokens": tokens}:
             return f"usage {usage}, the tokens with the prompt are {tokens}"
         return None
@@ -329,7 +381,7 @@ def judge(case: Case, exp: Expect, status: int, raw: bytes) -> str | None:
         return None
     try:
         message = answer["error"]["message"] if case.path.startswith("/v1/") else answer["error"]
-        shape = (set(answer["error"]) == {"message", "type", "code"} and answer["error"]["code"] == status
+        shape = (set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["code"] == status
                  if case.path.startswith("/v1/") else set(answer) == {"error", "error_type"})
     except (KeyError, TypeError):
         message, shape = None, False

@@ -61,8 +61,15 @@ def test_official_openai_client_works_unchanged(server, model):
 def test_tei_route_health_and_metrics(client, model):
     r = client.post("/embed", json={"inputs": "hello"})
     assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
-    r = client.post("/embed", json={"inputs": ["a", "b"], "normalize": False})
-    assert r.status_code == 422 and "normalises" in r.json()["error"]
+    r = client.post("/embed", json={"inputs": ["a", "b"], "normalize": False})  # the vector before the Normalize module
+    assert r.status_code == 200, r.text
+    head = model.head
+    try:
+        model.head = head.without_normalize()
+        ref = model.encode(["a", "b"])
+    finally:
+        model.head = head
+    assert torch.equal(torch.tensor(r.json()), ref) and not torch.allclose(ref.norm(dim=-1), torch.ones(2))
     assert client.get("/health").json() == {"status": "ok"}
     text = client.get("/metrics").text
     assert "# TYPE btlib_serve_requests_total counter" in text and "btlib_serve_queue_texts 0" in text
@@ -74,7 +81,11 @@ def test_tei_route_health_and_metrics(client, model):
     ({"input": ["word " * 600]}, 413, "more than 256 tokens"),
     ({"input": []}, 422, "must not be empty"),
     ({"model": "m"}, 422, "input: Field required"),
-    ({"input": [1, 2]}, 422, "input"),
+    ({"input": [1.5, 2]}, 422, "input"),
+    ({"input": [[101, 30522]]}, 422, "token id 30522, outside this model's vocabulary (0 to 30521)"),
+    ({"input": [[]]}, 422, "input[0] is an empty list of token ids"),
+    ({"input": [101] * 300}, 413, "input[0] has 300 tokens (ids), more than 256"),
+    ({"input": [101, 102], "prompt_name": "query"}, 422, "prompt_name='query' with token-id inputs"),
     ({"input": "x", "encoding_format": "int8"}, 422, "encoding_format"),
     ({"input": "x", "dimensions": 385}, 422, "this model gives 384 features; ask for 1 to 384"),
     ({"input": "x", "dimensions": 0}, 422, "dimensions=0"),
@@ -171,7 +182,7 @@ def test_api_key_middleware_exists_only_with_a_key_and_answers_each_api_its_401(
     with running_app(model, api_key="s3cret") as server, client_of(server) as c:
         r = c.post("/v1/embeddings", json={"input": "x"})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-        assert r.json() == {"error": {"message": message, "type": "authentication_error", "code": 401}}
+        assert r.json() == {"error": {"message": message, "type": "authentication_error", "param": None, "code": 401}}
         r = c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret2"})
         assert r.status_code == 401 and r.json() == {"error": message, "error_type": "authentication_error"}
         assert c.get("/metrics", headers={"Authorization": "s3cret"}).status_code == 401

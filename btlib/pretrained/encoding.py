@@ -86,6 +86,7 @@ class SentenceEncoder(Prompts, HasHead):
 
     PATHS: tuple[str, ...] = ("packed", "packed_bf16")  # "packed_bf16" is "packed" with precision="bf16"
     PRECISIONS: tuple[str, ...] = ENCODE_PRECISIONS
+    OUTPUTS: tuple[str, ...] = ("sentence_embedding", "unnormalized", "token_embeddings")  # encode_tokens' output=
     WHO: str | None = None  # how check_precision names the model when it refuses a precision btlib knows
 
     tokenizer: object
@@ -211,16 +212,26 @@ class SentenceEncoder(Prompts, HasHead):
         return self._run(batches, path, runner)
 
     def encode_tokens(self, tokens: Tokens, *, batch_size: int = 64, path: str = "packed",
-                      precision: str | None = None) -> Tensor:
+                      precision: str | None = None, output: str = "sentence_embedding") -> Tensor:
         """:meth:`encode` of texts :meth:`tokens` tokenized (prompt length and token types travel in ``tokens``):
-        ``encode(texts, **kw)`` is ``encode_tokens(tokens(texts, prompt_name=...), **kw)`` bit for bit."""
+        ``encode(texts, **kw)`` is ``encode_tokens(tokens(texts, prompt_name=...), **kw)`` bit for bit.
+
+        output (one of ``OUTPUTS``): "sentence_embedding" (N, out), the head's rows; "unnormalized" (N, out), the
+        head less its trailing Normalize modules (TEI's normalize=false; ValueError for a head that normalises
+        before another module); "token_embeddings" (sum(tokens.lengths()), d) float32, the last hidden states of
+        every token before the head, texts one after another (sentence-transformers' output_value name; split
+        by ``tokens.lengths()``). The same forward runs for all three: only what reads its states differs.
+        """
         if not isinstance(tokens, Tokens):
             raise TypeError(f"encode_tokens takes the Tokens that tokens(texts) gives; got {type(tokens).__name__}")
+        if output not in self.OUTPUTS:
+            raise ValueError(f"output must be one of {self.OUTPUTS}; got {output!r}")
         self._check_path(path)
         precision = check_encode_args(tokens.ids, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
         batch_size, path = int(batch_size), self._check_packed(path, precision)
+        head = {"sentence_embedding": self.head, "token_embeddings": _token_states}.get(output) or self.head.without_normalize()
         runner = self.resolve_precision(precision, f"{type(self).__name__}.encode_tokens")
-        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, runner)
+        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, runner, head)
 
     @staticmethod
     def _check_packed(path: str, precision: str | None) -> str:
@@ -230,8 +241,10 @@ class SentenceEncoder(Prompts, HasHead):
             raise ValueError(f"precision={precision!r} applies to path='packed' only; path={path!r} runs PyTorch's fp32 modules")
         return path
 
-    def _run(self, batches: Iterable[Tokens], path: str, runner: Runner) -> Tensor:
-        """The loop: each batch of Tokens packed (or padded, on a padded path), forward, head -> (N, out) float32."""
+    def _run(self, batches: Iterable[Tokens], path: str, runner: Runner, head=None) -> Tensor:
+        """The loop: each batch of Tokens packed (or padded, on a padded path), forward, head -> (N, out) float32.
+        head: what reads each batch's states (h, cu_seqlens, prompt_length); None: ``self.head``."""
+        head = self.head if head is None else head
         out = []
         with torch.inference_mode():
             for t in batches:
@@ -240,7 +253,12 @@ class SentenceEncoder(Prompts, HasHead):
                     h, cu_seqlens = self._forward_packed(packed, runner), packed.cu_seqlens
                 else:
                     h, cu_seqlens = self._forward_padded(t.ids, t.types, path)
-                out.append(self.head(h.float(), cu_seqlens, t.prompt_length))  # (total, d) -> (B, out)
+                out.append(head(h.float(), cu_seqlens, t.prompt_length))  # (total, d) -> (B, out)
         return torch.cat(out) if out else torch.empty(0, self.head.output_dim(self.spec.d_model))
+
+
+def _token_states(h: Tensor, cu_seqlens: Tensor, prompt_length: int | None) -> Tensor:
+    """The "token_embeddings" output: the states themselves, (total, d), prompt and special tokens included."""
+    return h
 
 

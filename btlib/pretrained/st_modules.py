@@ -269,6 +269,18 @@ class SentenceHead:
             d = m.output_dim(d)
         return min(d, self.truncate_dim) if self.truncate_dim else d
 
+    def without_normalize(self) -> "SentenceHead":
+        """This head less its trailing Normalize modules: the vector a Normalize would have normalised (TEI's
+        ``normalize=false``). ValueError where a Normalize is followed by another module (its output is not the
+        unnormalised vector of anything)."""
+        modules = list(self.modules)
+        while isinstance(modules[-1], NormalizeModule):
+            modules.pop()
+        if any(isinstance(m, NormalizeModule) for m in modules):
+            raise ValueError(f"this head normalises before its last module ({[type(m).__name__ for m in self.modules]}): "
+                             "there is no unnormalised vector to give")
+        return SentenceHead(modules, self.truncate_dim)
+
     def __call__(self, h: Tensor, cu_seqlens: Tensor, prompt_length: int | None = None) -> Tensor:
         """h (total, d) float32, cu_seqlens (B + 1,) -> (B, output_dim(d)) float32."""
         x = self.modules[0](h, cu_seqlens, prompt_length)

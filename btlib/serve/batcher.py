@@ -146,29 +146,59 @@ class BatchEncoder:
         """Tokens per text (pair) as the model will see them, its prompt included: :meth:`tokenize`'s lengths."""
         return self.tokenize(texts, truncate=truncate, prompt_name=prompt_name).lengths()
 
-    def submit(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Future:
+    def submit(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None,
+               output: str | None = None) -> Future:
         """Queue ``texts`` (a list of str, or of (str, str) pairs); returns a Future of their (len(texts), d) float32 rows.
 
         prompt_name: one of the model's prompts (sentence-transformers' config_sentence_transformers.json), put
         before each text; None: the folder's default prompt, if any. The prompt's tokens count wherever tokens
         count: the length limit, the token budget, and the future's ``tokens`` attribute (the request's token
-        count, what OpenAI's API reports as usage).
+        count, what OpenAI's API reports as usage). output: passed to ``model.encode_tokens`` (None: the model's
+        rows; "unnormalized"; "token_embeddings": the future holds (sum(future.lengths), d) token states).
+
+        The future also says where its time went once done (seconds, what TEI's x-*-time headers report):
+        ``tokenize_s`` (at submit), ``queue_s`` (submit to its batch's start), ``inference_s`` (its batch's forward).
 
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
         (truncate=False and a text too long with its prompt), TypeError for texts that are not a list of str or
-        pairs, ValueError for a text with a lone surrogate, an unknown prompt_name or more texts than ``max_queue``,
-        RuntimeError after :meth:`close`.
+        pairs, ValueError for a text with a lone surrogate, an unknown prompt_name, an output the model cannot give
+        or more texts than ``max_queue``, RuntimeError after :meth:`close`.
         """
         texts = check_items(texts)
-        if len(texts) > self.max_queue:
-            raise ValueError(f"{len(texts)} texts in one request exceed max_queue={self.max_queue}; split the request")
-        future: Future = Future()
-        future.tokens = 0
+        self._check_output(output, len(texts))
+        start = time.perf_counter()
         if not texts:
+            future: Future = Future()
+            future.tokens, future.lengths, future.tokenize_s, future.queue_s, future.inference_s = 0, [], 0.0, 0.0, 0.0
             future.set_result(self.model.encode([], batch_size=1, precision=self.precision))
             return future
         ids = self.tokenize(texts, truncate=truncate, prompt_name=prompt_name)  # the one tokenization: it runs
-        tokens = future.tokens = sum(ids.lengths())
+        return self._queue_request(texts, ids, prompt_name, output, start)
+
+    def submit_tokens(self, tokens: Tokens, *, output: str | None = None) -> Future:
+        """Queue token ids as they are (a client's token-id input: no special tokens added, no prompt); as
+        :meth:`submit` otherwise. ``tokens``: :class:`btlib.pretrained.encoding.Tokens`, checked by the caller
+        (ids within the vocabulary, lengths within max_length). ValueError for a model that does not run token ids
+        (one without ``encode_tokens``)."""
+        if not self._runs_tokens:
+            raise ValueError("this model is run from texts only (it has no encode_tokens): send text inputs")
+        self._check_output(output, len(tokens))
+        if not len(tokens) or not all(tokens.lengths()):
+            raise ValueError("every token-id input needs one token at least")
+        return self._queue_request(list(tokens.ids), tokens, None, output, time.perf_counter())
+
+    def _check_output(self, output: str | None, n: int) -> None:
+        if output is not None and (not self._runs_tokens or output not in getattr(self.model, "OUTPUTS", ())):
+            raise ValueError(f"output={output!r}: this model gives its rows only")
+        if n > self.max_queue:
+            raise ValueError(f"{n} texts in one request exceed max_queue={self.max_queue}; split the request")
+
+    def _queue_request(self, texts: list, ids: Tokens, prompt_name: str | None, output: str | None, start: float) -> Future:
+        future: Future = Future()
+        future.lengths = ids.lengths()
+        tokens = future.tokens = sum(future.lengths)
+        arrival = time.perf_counter()
+        future.tokenize_s = arrival - start
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEncoder is closed")
@@ -176,7 +206,7 @@ class BatchEncoder:
                 self.stats.refuse()
                 raise Overloaded(f"queue full: {self._queued_texts} texts waiting (max_queue={self.max_queue}); retry later",
                                  self._retry_after_s())
-            self._queue.append(Request(texts, tokens, time.perf_counter(), future, prompt_name, ids))
+            self._queue.append(Request(texts, tokens, arrival, future, prompt_name, ids, output))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
             self.stats.accepted(len(texts))
@@ -253,19 +283,22 @@ class BatchEncoder:
         """Each request's (len(r.texts), d) rows: one forward per prompt in the batch (encode puts one prompt before all
         its texts), so a batch of one prompt, the usual case, is one forward: ``encode_tokens`` of the ids tokenized
         at submit, packed together (else ``encode`` of the texts)."""
-        groups: dict[str | None, list[Request]] = {}
-        for r in batch:
-            groups.setdefault(r.prompt_name, []).append(r)
+        groups: dict[tuple, list[Request]] = {}
+        for r in batch:  # token-id inputs carry no prompt: they join no prompted request's forward
+            key = (r.prompt_name, r.ids.prompt_length if r.ids is not None else None, r.output)
+            groups.setdefault(key, []).append(r)
         rows: dict[int, Tensor] = {}
-        for name, requests in groups.items():
+        for (name, _, output), requests in groups.items():
             if self._runs_tokens:
                 ids = Tokens.join([r.ids for r in requests])
-                emb = self.model.encode_tokens(ids, batch_size=len(ids), precision=self.precision)  # (len(ids), d)
+                kw = {} if output is None else {"output": output}
+                emb = self.model.encode_tokens(ids, batch_size=len(ids), precision=self.precision, **kw)  # (len(ids), d)
             else:
                 texts = [t for r in requests for t in r.texts]
                 prompt = {} if name is None else {"prompt_name": name}
                 emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision, **prompt)
-            rows.update(zip(map(id, requests), emb.split([len(r.texts) for r in requests])))
+            sizes = [r.tokens if output == "token_embeddings" else len(r.texts) for r in requests]  # rows per request
+            rows.update(zip(map(id, requests), emb.split(sizes)))
         return [rows[id(r)] for r in batch]
 
     def _run_batch(self, batch: list[Request]) -> None:
@@ -286,6 +319,7 @@ class BatchEncoder:
                 self._run_batch([r])
             return
         for i, r in enumerate(batch):
+            r.future.queue_s, r.future.inference_s = t0 - r.arrival, done - t0  # read by the caller once it is done
             if error is None:
                 r.future.set_result(parts[i])
             else:

@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .guards import HTTPError, TooLarge, error_response
 
-__all__ = ["OFF_LOOP_BYTES", "OpenAIEmbeddingRequest", "TEIEmbedRequest", "TEIRerankRequest", "parse", "validate", "answers",
-           "dumps"]
+__all__ = ["OFF_LOOP_BYTES", "OpenAIEmbeddingRequest", "TEIEmbedRequest", "TEIEmbedAllRequest", "TEIRerankRequest",
+           "RerankDocumentsRequest", "TEIPredictRequest", "TEISimilarityRequest", "TEITokenizeRequest", "TEIDecodeRequest",
+           "parse", "read_json", "validate", "check", "answers", "dumps"]
 
 OFF_LOOP_BYTES = 16_384  # a body past this is parsed and tokenized off the event loop (~2 ms of tokenizing on it at most)
 _log = logging.getLogger("btlib.serve")
@@ -30,9 +31,14 @@ _log = logging.getLogger("btlib.serve")
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
+# a text, texts, or token ids (one input's, or one list per input), as TEI's and OpenAI's inputs; not mixed
+TextInputs = str | list[str] | list[int] | list[list[int]]
+Direction = Literal["right", "Right", "left", "Left"]
+
+
 class OpenAIEmbeddingRequest(BaseModel):
     model_config = _STRICT
-    input: str | list[str]
+    input: TextInputs
     model: str | None = None  # any name: one model is served, and answers report its own name
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -42,12 +48,20 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 class TEIEmbedRequest(BaseModel):
     model_config = _STRICT
-    inputs: str | list[str]
+    inputs: TextInputs
     normalize: bool = True
     truncate: bool | None = None
-    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
+    truncation_direction: Direction = "right"
     prompt_name: str | None = None
     dimensions: int | None = None
+
+
+class TEIEmbedAllRequest(BaseModel):  # /embed_all and /embed_sparse take the same fields (TEI's types.rs)
+    model_config = _STRICT
+    inputs: TextInputs
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
 
 
 class TEIRerankRequest(BaseModel):
@@ -57,7 +71,63 @@ class TEIRerankRequest(BaseModel):
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
-    truncation_direction: Literal["right", "Right", "left", "Left"] = "right"
+    truncation_direction: Direction = "right"
+
+
+class RerankDocumentsRequest(BaseModel):  # Cohere's and Jina's /rerank body (``documents``, ``top_n``)
+    model_config = _STRICT
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    return_documents: bool = False  # Cohere's default; Jina's is true
+    model: str | None = None  # any name, as /v1/embeddings
+
+
+class PredictParameters(BaseModel):  # huggingface_hub's text_classification sends them
+    model_config = _STRICT
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = None
+    top_k: int | None = None
+
+
+class TEIPredictRequest(BaseModel):
+    model_config = _STRICT
+    inputs: str | list[str] | list[list[str]]  # TEI: a text, a pair [a, b], or a batch of texts [a] and pairs
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    raw_scores: bool = False
+    parameters: PredictParameters | None = None
+
+
+class SimilarityInputs(BaseModel):
+    model_config = _STRICT
+    source_sentence: str
+    sentences: list[str]
+
+
+class SimilarityParameters(BaseModel):
+    model_config = _STRICT
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
+class TEISimilarityRequest(BaseModel):
+    model_config = _STRICT
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+
+
+class TEITokenizeRequest(BaseModel):
+    model_config = _STRICT
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class TEIDecodeRequest(BaseModel):
+    model_config = _STRICT
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
 
 
 def _json_content_type(value: str) -> bool:
@@ -66,7 +136,7 @@ def _json_content_type(value: str) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
-async def parse(request: Request, model: type[BaseModel]) -> BaseModel:
+async def parse(request: Request, model) -> BaseModel:
     """The request's JSON body validated by ``model``, or a 422 naming each bad field ("input.str: Input should be ...").
 
     What FastAPI did for a body parameter, in the same steps (json.loads, then pydantic on the dict, so the messages
@@ -81,7 +151,15 @@ async def parse(request: Request, model: type[BaseModel]) -> BaseModel:
     return validate(body, model)
 
 
-def validate(body: bytes, model: type[BaseModel]) -> BaseModel:
+def validate(body: bytes, model) -> BaseModel:
+    """``body`` read as a JSON object (:func:`read_json`) and checked by ``model`` (:func:`check`); ``model`` may be a
+    function of the object that names the class (POST / and /rerank take one of several bodies by their fields)."""
+    data = read_json(body)
+    return check(data, model if isinstance(model, type) else model(data))
+
+
+def read_json(body: bytes) -> dict:
+    """A request body as a JSON object, or a 422 saying why it is not one."""
     try:
         # decoded as UTF-8 first: json.loads(bytes) guesses UTF-16 / UTF-32 and decodes with surrogatepass, so a
         # UTF-32 body was answered and a surrogate's 3 bytes became a field name; JSON between systems is UTF-8
@@ -93,6 +171,11 @@ def validate(body: bytes, model: type[BaseModel]) -> BaseModel:
         raise HTTPError(422, f"malformed request body: byte {e.start} is not UTF-8 ({e.reason})", "invalid_request_error") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "malformed request body: body: send a JSON object", "invalid_request_error")
+    return data
+
+
+def check(data: dict, model: type[BaseModel]) -> BaseModel:
+    """``data`` validated by ``model``, or a 422 naming each bad field ("input.str: Input should be ...")."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:

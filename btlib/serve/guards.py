@@ -14,7 +14,7 @@ import ipaddress
 import secrets
 from typing import Sequence
 
-__all__ = ["PAYLOAD_LIMIT", "LOOPBACK_HOSTS", "HTTPError", "TooLarge", "error_response", "check_api_key",
+__all__ = ["PAYLOAD_LIMIT", "LOOPBACK_HOSTS", "HTTPError", "TooLarge", "openai_path", "error_response", "check_api_key",
            "allowed_host_names", "APIKey", "BodyLimit", "HostCheck"]
 
 PAYLOAD_LIMIT = 2_000_000  # bytes of a request body at most: TEI's --payload-limit default
@@ -22,23 +22,34 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # the Host names a loopback 
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
-        self.status, self.message, self.kind, self.headers = status, message, kind, headers
+    """An answer other than 200: its status, message, kind (TEI's error_type, OpenAI's type), headers and the
+    request field it is about (OpenAI's ``param``), if one."""
+
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None, param: str | None = None):
+        self.status, self.message, self.kind, self.headers, self.param = status, message, kind, headers, param
 
 
-def error_response(path: str, status: int, message: str, kind: str, headers: dict | None = None) -> object:
-    """The error in the shape of the route's API: OpenAI's under /v1/, TEI's elsewhere."""
+def openai_path(path: str) -> bool:
+    """Whether ``path`` is in OpenAI's route family (its error shape): /v1/..., and TEI's /embeddings (OpenAI's body)."""
+    return path.startswith("/v1/") or path == "/embeddings"
+
+
+def error_response(path: str, status: int, message: str, kind: str, headers: dict | None = None,
+                   param: str | None = None) -> object:
+    """The error in the shape of the route's API: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` under
+    /v1/ and at /embeddings, TEI's ``{"error", "error_type"}`` elsewhere."""
     from starlette.responses import JSONResponse
 
-    if path.startswith("/v1/"):
-        body = {"error": {"message": message, "type": kind, "code": status}}
+    if openai_path(path):
+        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     else:
         body = {"error": message, "error_type": kind}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 class APIKey:
-    """ASGI middleware: every HTTP route but /health answers 401 unless ``Authorization: Bearer <api_key>`` is sent.
+    """ASGI middleware: every HTTP route but /health and ``GET /`` (TEI's health check there) answers 401 unless
+    ``Authorization: Bearer <api_key>`` is sent.
 
     A plain ASGI class, added only when a key is set: Starlette's BaseHTTPMiddleware (``@app.middleware("http")``)
     runs each request through a task group and memory streams, which cost a third of the server's CPU per small
@@ -50,7 +61,7 @@ class APIKey:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] != "/health" and not (scope["path"] == "/" and scope["method"] == "GET"):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not secrets.compare_digest(given, self.expected):
                 response = error_response(scope["path"], 401, "missing or wrong API key: send Authorization: Bearer <key>",

@@ -53,6 +53,7 @@ class Request:
     future: Future
     prompt_name: str | None = None  # None: the folder's default prompt, as encode without one
     ids: Tokens | None = None  # the texts tokenized at submit: what runs, where the model runs tokens
+    output: str | None = None  # encode_tokens' output= (None: the model's rows, "sentence_embedding")
 
 
 def runs_tokens(model) -> bool:

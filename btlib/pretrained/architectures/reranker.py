@@ -62,12 +62,14 @@ class Reranker(nn.Module):
 
     dense, out: the head's two linear layers (d -> d, d -> num_labels); act: "tanh", "gelu" or "relu".
     default_activation: what ``predict(activation=None)`` applies (one of :data:`ACTIVATIONS`).
+    id2label: label index -> name (config.json's; transformers' LABEL_i where it has none).
     """
 
     def __init__(self, encoder: PretrainedEncoder, dense: nn.Linear, act: str, out: nn.Linear, default_activation: str):
         super().__init__()
         self.encoder, self.dense, self.act, self.out = encoder, dense, act, out
         self.num_labels, self.default_activation = out.out_features, default_activation
+        self.id2label = {i: f"LABEL_{i}" for i in range(self.num_labels)}  # transformers' default; the folder's in load
         self.eval()
 
     def logits(self, first: Tensor) -> Tensor:
@@ -213,4 +215,7 @@ def load_reranker(folder: str | Path, *, expected_sha256: str | None = None) -> 
         for layer, key in ((dense, dense_key), (out, out_key)):
             layer.weight.copy_(kept[f"{key}.weight"])
             layer.bias.copy_(kept[f"{key}.bias"])
-    return Reranker(encoder, dense, act, out, _default_activation(c, num_labels, cfg_path))
+    reranker = Reranker(encoder, dense, act, out, _default_activation(c, num_labels, cfg_path))
+    if isinstance(id2label, dict) and id2label:  # config.json's label names (TEI's /predict and /info report them)
+        reranker.id2label = {int(k): str(v) for k, v in id2label.items()}
+    return reranker

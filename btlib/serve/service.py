@@ -1,0 +1,201 @@
+"""What every route of btlib.serve shares: the model served, the request checks, one run through the batcher.
+
+    svc = Service(batcher, model_name="all-MiniLM-L6-v2", max_inputs=256, auto_truncate=False)
+    ran = await svc.embed(body.inputs, truncate, "inputs", prompt_name, output=None)   # texts or token ids
+    ran.rows                 # (N, d) float32 (output "token_embeddings": (sum(ran.future.lengths), d))
+    svc.timing(ran, start)   # TEI's x-*-time headers: what the batcher measured for this request
+
+The routes (btlib.serve.tei, btlib.serve.openai_routes) only parse, call these and write their API's JSON, as
+text-embeddings-inference's router validates and answers while its queue batches and its backend runs.
+
+Token-id inputs (TEI's and OpenAI's ``[1, 2]`` / ``[[1, 2], [3]]``) run as given: no special tokens added, no prompt
+(the ids are what the forward sees; TEI re-tokenizes its decode, which can differ), each id in the model's
+vocabulary, at most ``max_length`` of them (cut there where truncation is allowed, else 413).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass
+from concurrent.futures import Future
+
+import torch
+from torch import Tensor
+
+from ..pretrained.encoding import Tokens
+from ..pretrained.st_modules import NormalizeModule
+from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .bodies import OFF_LOOP_BYTES
+from .guards import HTTPError
+
+__all__ = ["Service", "Ran"]
+
+
+@dataclass
+class Ran:
+    """One request's answer from the batcher: rows (N, d) float32 and its future (tokens, lengths, timings)."""
+
+    rows: Tensor
+    future: Future
+    chars: int  # characters of its inputs (TEI's x-compute-characters; token ids count one each, as TEI's)
+
+
+class Service:
+    """The batcher and what create_app was told, with the checks every route makes (module docstring)."""
+
+    def __init__(self, batcher: BatchEncoder, *, model_name: str, max_inputs: int, auto_truncate: bool):
+        self.batcher, self.model, self.model_name = batcher, batcher.model, model_name
+        self.max_inputs, self.auto_truncate = max_inputs, auto_truncate
+        self.started = int(time.time())
+        model = self.model
+        self.reranker = bool(getattr(model, "scores_pairs", False))  # a PairScorer (or a wrapper forwarding it)
+        head, spec = getattr(model, "head", None), getattr(model, "spec", None)
+        # the model's own head L2-normalises (a Normalize module anywhere): normalize=false then needs its
+        # "unnormalized" output; a model without a head (a bare encode) does not normalise
+        self.normalizes = any(isinstance(m, NormalizeModule) for m in getattr(head, "modules", ()))
+        self.width = head.output_dim(spec.d_model) if head is not None and spec is not None and hasattr(head, "output_dim") else None
+        self.unit = self.normalizes and not getattr(head, "truncate_dim", None)  # rows of length 1 as they come
+        self.outputs = getattr(model, "OUTPUTS", ()) if getattr(batcher, "_runs_tokens", False) else ()
+        self.vocab = getattr(spec, "vocab_size", None) or model.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def labels(self) -> dict[int, str]:
+        """A reranker's label names by index (config.json's id2label; LABEL_i where it has none)."""
+        names = getattr(getattr(self.model, "reranker", None), "id2label", None)
+        return names or {0: "LABEL_0"}
+
+    # -- checks ------------------------------------------------------------------------------
+    def holds(self, kind: str) -> None:
+        """424 (TEI's status for a route the model does not serve) unless this server holds a ``kind`` model."""
+        if kind == "reranker" and not self.reranker:
+            raise HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank and /predict start "
+                                 "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
+        if kind == "embedding" and self.reranker:
+            raise HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs, "
+                                 "/predict [query, text] pairs; for embeddings start python -m btlib.serve with an "
+                                 "embedding model folder", "backend")
+
+    def truncation(self, direction: str, truncate: bool | None) -> bool:
+        if direction.lower() != "right":
+            raise HTTPError(422, "truncation_direction=left: this server truncates the end of a text only; "
+                                 "leave truncation_direction out (or shorten the text)", "Validation")
+        return self.auto_truncate if truncate is None else truncate
+
+    def check_dimensions(self, dimensions: int | None, width: int | None = None) -> None:
+        width = width or self.width
+        if dimensions is not None and not (1 <= dimensions <= (width or dimensions)):
+            raise HTTPError(422, f"dimensions={dimensions}: this model gives {width} features; ask for 1 to {width} "
+                                 "(or leave dimensions out)", "invalid_request_error", param="dimensions")
+
+    def shape(self, emb: Tensor, dimensions: int | None, normalize: bool) -> Tensor:
+        """(N, d) rows -> (N, dimensions) rows, L2-normalised where ``normalize`` (Matryoshka: truncate, then
+        normalise, as OpenAI, TEI and sentence-transformers' normalize_embeddings after truncate_dim do)."""
+        if dimensions is not None:
+            self.check_dimensions(dimensions, emb.shape[1])  # a model without a known width: checked once its rows are in
+            emb = emb[:, :dimensions]
+        return emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12) if normalize else emb
+
+    def check_prompt(self, prompt_name: str | None) -> None:
+        """422 naming prompt_name unless the model has that prompt (sentence-transformers' config_sentence_transformers.json)."""
+        if prompt_name is None:
+            return
+        if not hasattr(self.model, "resolve_prompt"):
+            raise HTTPError(422, f"prompt_name={prompt_name!r}: this model takes no prompts; leave prompt_name out",
+                            "invalid_request_error", param="prompt_name")
+        try:
+            self.model.resolve_prompt(None, prompt_name)
+        except ValueError as e:
+            raise HTTPError(422, f"prompt_name: {e}", "invalid_request_error", param="prompt_name") from None
+
+    def output(self, name: str, field: str) -> str:
+        """``name`` (an encode_tokens output) if the model gives it, else a 424 saying why (naming ``field``)."""
+        if name not in self.outputs:
+            raise HTTPError(424, f"{field}: this model gives its pooled rows only (it has no encode_tokens {name!r} "
+                                 "output)", "backend")
+        if name == "unnormalized":
+            try:
+                self.model.head.without_normalize()
+            except ValueError as e:
+                raise HTTPError(422, f"normalize=false: {e}; leave normalize out", "Validation") from None
+        return name
+
+    def token_ids(self, ids: list[list[int]], truncate: bool, field: str) -> Tokens:
+        """Token-id inputs checked (module docstring) as the Tokens that run: 422 for an empty list or an id outside
+        the vocabulary, 413 past max_length without truncation (cut at it with)."""
+        limit = self.model.max_length
+        for i, row in enumerate(ids):
+            if not row:
+                raise HTTPError(422, f"{field}[{i}] is an empty list of token ids: it has no embedding", "Validation")
+            bad = next((t for t in row if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                raise HTTPError(422, f"{field}[{i}] holds token id {bad}, outside this model's vocabulary (0 to "
+                                     f"{self.vocab - 1}): send this model's ids (POST /tokenize gives them), or text",
+                                "Validation")
+            if len(row) > limit and not truncate:
+                raise HTTPError(413, f"{field}[{i}] has {len(row)} tokens (ids), more than {limit}, the most this "
+                                     "model takes; shorten it or allow truncation", "Validation")
+        return Tokens([row[:limit] for row in ids], truncated=[len(row) > limit for row in ids])
+
+    # -- one run through the batcher ---------------------------------------------------------
+    async def embed(self, inputs, truncate: bool, field: str, prompt_name: str | None, output: str | None) -> Ran:
+        """An embedding route's inputs (a str, a list of str, a list of ids or a list of id lists) through the batcher."""
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if inputs and isinstance(inputs[0], int):
+            inputs = [inputs]  # one token-id input
+        if inputs and isinstance(inputs[0], list):
+            if prompt_name is not None:
+                raise HTTPError(422, f"prompt_name={prompt_name!r} with token-id inputs: the ids run as they are; put "
+                                     "the prompt's ids in them (or send text)", "Validation", param="prompt_name")
+            self._count(inputs, field, "inputs")
+            tokens = self.token_ids(inputs, truncate, field)
+            return await self._submit(functools.partial(self.batcher.submit_tokens, tokens, output=output), field,
+                                      sum(len(r) for r in inputs), sum(len(r) for r in inputs) > OFF_LOOP_BYTES // 4)
+        return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output)
+
+    def _count(self, items: list, field: str, noun: str) -> None:
+        if not items:
+            raise HTTPError(422, f"{field} must not be empty", "invalid_request_error", param=field)
+        if len(items) > self.max_inputs:
+            raise HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {self.max_inputs} per request; "
+                                 "split the request", "invalid_request_error", param=field)
+
+    async def run(self, items: list, truncate: bool, field: str = "input", noun: str = "inputs",
+                  prompt_name: str | None = None, output: str | None = None) -> Ran:
+        """Queue ``items`` (texts or pairs) on the batcher; their rows once their batch ran. Tokenizing (the batcher
+        counts tokens at submit) runs off the event loop for a big request."""
+        self._count(items, field, noun)
+        chars = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items)
+        submit = functools.partial(self.batcher.submit, items, truncate=truncate, prompt_name=prompt_name, output=output)
+        return await self._submit(submit, field, chars, chars > OFF_LOOP_BYTES // 4)
+
+    async def _submit(self, submit, field: str, chars: int, big: bool) -> Ran:
+        try:
+            future = await asyncio.get_running_loop().run_in_executor(None, submit) if big else submit()
+        except Overloaded as e:
+            raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
+        except InputTooLong as e:
+            raise HTTPError(413, str(e), "invalid_request_error") from None
+        except ValueError as e:  # a text that is not Unicode (a lone surrogate)
+            raise HTTPError(422, f"{field}: {e}", "invalid_request_error", param=field) from None
+        except RuntimeError as e:  # closed: the server is shutting down
+            raise HTTPError(503, str(e), "unavailable") from None
+        return Ran(await asyncio.wrap_future(future), future, chars)
+
+    @staticmethod
+    def timing(ran: Ran, start: float) -> dict[str, str]:
+        """TEI's headers (router/src/lib.rs, ResponseMetadata): whole milliseconds, as TEI writes them. compute and
+        total time run from the route's start (``start``: time.perf_counter()) to now; the others are what the batcher
+        measured for this request (btlib.serve.batcher.BatchEncoder.submit)."""
+        f, total = ran.future, f"{int((time.perf_counter() - start) * 1e3)}"
+        return {"x-compute-time": total, "x-total-time": total, "x-tokenization-time": f"{int(f.tokenize_s * 1e3)}",
+                "x-queue-time": f"{int(f.queue_s * 1e3)}", "x-inference-time": f"{int(f.inference_s * 1e3)}",
+                "x-compute-tokens": str(f.tokens), "x-compute-characters": str(ran.chars)}
+
+
+def cosine(rows: Tensor) -> list[float]:
+    """Cosine similarity of rows[0] with each later row (float64, then float): TEI's /similarity (1 - simsimd's
+    cosine distance), sentence-transformers' cos_sim."""
+    rows = rows.double()
+    return torch.nn.functional.cosine_similarity(rows[:1], rows[1:], dim=-1, eps=1e-12).float().tolist()
