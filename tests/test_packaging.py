@@ -282,7 +282,7 @@ def test_the_import_check_catches_what_notebook_08_met():
 
 def test_make_test_adds_only_test_tools_and_the_corpus_extra_to_make_setup():
     dev = {_norm(re.match(r"[A-Za-z0-9_.-]+", d).group(0)) for d in _extras()["dev"] if not d.startswith("btlib")}
-    assert dev == {"openai", "nbval", "pytest", "hypothesis", "playwright", "uv"}
+    assert dev == {"openai", "huggingface-hub", "nbval", "pytest", "hypothesis", "playwright", "uv"}
     assert [d for d in _extras()["dev"] if d.startswith("btlib")] == ["btlib[lab,scale]"]
     assert not install_closure("lab") & {"ray", "nbval", "pytest", "openai"}, "make setup installs what only make test needs"
 
