@@ -187,6 +187,8 @@ def test_api_key_middleware_exists_only_with_a_key_and_answers_each_api_its_401(
         assert r.status_code == 401 and r.json() == {"error": message, "error_type": "authentication_error"}
         assert c.get("/metrics", headers={"Authorization": "s3cret"}).status_code == 401
         assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/").json() == {"status": "ok"}  # TEI's health check at GET /; POST / is an API route
+        assert c.post("/", json={"inputs": "x"}).status_code == 401
         r = c.post("/embed", json={"inputs": "hello"}, headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode(["hello"]))
 

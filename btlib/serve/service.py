@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from dataclasses import dataclass
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -58,7 +58,12 @@ class Service:
         self.width = head.output_dim(spec.d_model) if head is not None and spec is not None and hasattr(head, "output_dim") else None
         self.unit = self.normalizes and not getattr(head, "truncate_dim", None)  # rows of length 1 as they come
         self.outputs = getattr(model, "OUTPUTS", ()) if getattr(batcher, "_runs_tokens", False) else ()
-        self.vocab = getattr(spec, "vocab_size", None) or model.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def vocab(self) -> int:
+        """Token ids the model's embedding takes (config.json's vocab_size; else its tokenizer's)."""
+        spec = getattr(self.model, "spec", None)
+        return getattr(spec, "vocab_size", None) or self.model.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def labels(self) -> dict[int, str]:
         """A reranker's label names by index (config.json's id2label; LABEL_i where it has none)."""

@@ -21,6 +21,7 @@ as sentence-transformers' ``output_value="token_embeddings"``.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from fastapi import Request
@@ -82,10 +83,19 @@ def tei_routes(svc: Service) -> dict:
         ran = await svc.run(texts, truncate, "inputs", "inputs (source_sentence and sentences)", prompt_name)
         return Response(await dumps(cosine(ran.rows), False), media_type="application/json", headers=svc.timing(ran, start))
 
-    tokenizer = _untruncated(svc.model.tokenizer)
+    @functools.cache
+    def untruncated():
+        """A copy of the model's tokenizer that does not truncate (/tokenize shows every token, as TEI's does)."""
+        from tokenizers import Tokenizer
+
+        copy = Tokenizer.from_str(svc.model.tokenizer.to_str())
+        copy.no_truncation()
+        copy.no_padding()
+        return copy
 
     async def tokenize(request: Request) -> Response:
         body = await parse(request, TEITokenizeRequest)
+        tokenizer = untruncated()
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         svc.check_prompt(body.prompt_name)
         if not texts:
@@ -108,6 +118,7 @@ def tei_routes(svc: Service) -> dict:
 
     async def decode(request: Request) -> Response:
         body = await parse(request, TEIDecodeRequest)
+        tokenizer = untruncated()
         rows = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
         if not rows or not all(rows):
             raise HTTPError(422, "ids must not be empty", "Validation")
@@ -155,16 +166,6 @@ def _root_body(svc: Service, data: dict):
     if svc.reranker:
         return rerank_model(data) if "query" in data else TEIPredictRequest
     return TEISimilarityRequest if isinstance(data.get("inputs"), dict) else TEIEmbedRequest
-
-
-def _untruncated(tokenizer):
-    """A copy of the model's tokenizer that does not truncate (/tokenize shows every token, as TEI's does)."""
-    from tokenizers import Tokenizer
-
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    copy.no_truncation()
-    copy.no_padding()
-    return copy
 
 
 def _simple_tokens(enc, text: str) -> list[dict]:
