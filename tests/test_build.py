@@ -124,3 +124,17 @@ def test_a_failure_not_remembered_is_tried_again_and_one_remembered_is_not(tmp_p
         assert len(calls) == tries
         assert capsys.readouterr().err.count("btlib: compiling the test library (test) into") == tries
     assert ext.available("btlib_test_False") is None and "error: nope" in ext.available("btlib_test_True")
+
+
+def test_the_build_info_line_reads_as_fields():
+    """info_fields is the one parser of build_info(): the live build's line, and a line whose threads field holds
+    spaces (a build without OpenMP)."""
+    fields = build.info_fields(build.load())
+    assert fields["vector"] == {"avx512bf16": "avx512"}.get(build.isa(), build.isa())
+    assert fields["ops"] == f"btlib_cpu_{build.isa()}" and fields["W"] > 0 and fields["Br"] % fields["W"] == 0
+    serial = ("portable W=4 kR=2 kNV=1 Br=16 Bc=32 max_head_dim=256 "
+              "threads=serial (torch uses OpenMP but this build has no -fopenmp) ops=btlib_cpu_portable")
+    assert build.info_fields(serial) == {
+        "vector": "portable", "bf16dot": False, "amx": False, "W": 4, "kR": 2, "kNV": 1, "Br": 16, "Bc": 32,
+        "max_head_dim": 256, "threads": "serial (torch uses OpenMP but this build has no -fopenmp)",
+        "ops": "btlib_cpu_portable"}

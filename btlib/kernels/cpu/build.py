@@ -57,7 +57,7 @@ from .. import _build
 from .._build import Extension
 from . import schema
 
-__all__ = ["load", "ops", "load_copy", "available", "amx_available", "isa_flags", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
+__all__ = ["load", "info_fields", "ops", "load_copy", "available", "amx_available", "isa_flags", "isa", "runnable", "int8_module", "int8_available", "gemm_module",
            "gemm_available", "SOURCE", "FOLDERS", "SOURCES", "HEADER", "HEADERS", "include_dirs", "INT8_SOURCE", "GEMM_SOURCE", "build_directory", "library_path"]
 
 HERE = Path(__file__).resolve().parent
@@ -204,6 +204,27 @@ def load(isa: str | None = None) -> str:
                      extra_cflags=_cflags(isa_, f"btlib_cpu_{isa_}"), extra_ldflags=list(_thread_flags()),
                      extra_include_paths=list(map(str, include_dirs())))
     return info
+
+
+def info_fields(info: str) -> dict:
+    """The build info line :func:`load` returns, as fields: one parser for what a caller decides on (a cell may still
+    print the line, or its head, as it is).
+
+    ``"avx512+bf16dot+amx W=16 kR=6 kNV=4 Br=64 Bc=64 max_head_dim=256 threads=... ops=btlib_cpu_avx512bf16"``
+    -> ``{"vector": "avx512", "bf16dot": True, "amx": True, "W": 16, "kR": 6, "kNV": 4, "Br": 64, "Bc": 64,
+    "max_head_dim": 256, "threads": "...", "ops": "btlib_cpu_avx512bf16"}`` (flash/flash.cpp's build_info writes it;
+    ``threads`` may hold spaces, so it is read up to `` ops=``). ``vector``: the SIMD code the build runs (avx512,
+    avx2, neon or portable), not the build's name; ``amx``: the build holds the AMX kernel, which this CPU may still
+    lack (:func:`amx_available` says)."""
+    head, _, rest = info.partition(" W=")
+    vector, *extras = head.split("+")
+    rest, _, ops_ns = ("W=" + rest).partition(" ops=")
+    rest, _, threads = rest.partition(" threads=")
+    fields: dict = {"vector": vector, "bf16dot": "bf16dot" in extras, "amx": "amx" in extras}
+    for item in rest.split():
+        key, _, value = item.partition("=")
+        fields[key] = int(value)
+    return {**fields, "threads": threads, "ops": ops_ns}
 
 
 _loaded: dict[str | None, object] = {}  # isa (None: isa()'s) -> torch.ops.btlib_cpu_<isa>, once loaded in this process
