@@ -9,6 +9,8 @@
     emb = model.encode(texts)                  # padding-free by default, fp32, pooled as the folder says
     emb = model.encode([(a, b)])               # a pair, token types and separators as transformers
     emb = model.encode(texts, precision="auto")  # bf16 only where this CPU runs it natively and faster
+    emb = model.encode(texts, truncate_dim=128, normalize_embeddings=True, output_precision="int8")  # as sentence-transformers
+    emb = model.encode(texts, long_inputs="chunk")  # a text past max_length: its chunks' token-weighted mean
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
     reranker = load_reranker("path/to/cross-encoder")  # *ForSequenceClassification: predict(pairs), rank(q, docs)
     print(coverage_table())                    # every family: what is checked against what, at which precisions
@@ -26,7 +28,10 @@ The package by what each file owns:
                       GQA decoder layers on the same RoPE); reranker.py (cross-encoders: a *ForSequenceClassification
                       head on bert.py's encoder)
     st_modules.py     the heads: Pooling, Dense, Normalize after the Transformer (segment sums: btlib.padding)
-    encoding.py       the one tokenize -> pack -> forward -> head loop, prompts, encode's checks
+    encoding.py       the one tokenize -> pack -> forward -> head loop (tokens.py: what it hands from step to step,
+                      encode's checks; prompts.py: sentence-transformers' prompts)
+    outputs.py        after the head: truncate_dim, normalize_embeddings, output_precision (int8 / uint8 / binary)
+    chunking.py       long_inputs: refuse, truncate or chunk a text past max_length and pool its chunks
     coverage.py       the registry of families, one row each: the model_types it loads and its loader (load_pretrained
                       reads config.json once and calls the row's), what it is checked against, at which precisions
     reference.py      transformers itself, the outside reference

@@ -7,6 +7,10 @@
     forward      h (total, d): the architecture's own layers, in the dtype the precision resolved to
     head         (B, out) float32: the folder's Pooling, Dense, Normalize (``model.head``, btlib.pretrained.st_modules,
                  whose segment sums and masks are btlib.padding's)
+    after        (N, dim): truncate_dim, normalize_embeddings, output_precision (btlib.pretrained.outputs)
+
+long_inputs="chunk" (btlib.pretrained.chunking) tokenizes every text at once into chunks, runs them as sequences of
+the same batches, and pools each text's chunk rows before the head's trailing Normalize.
 
 :class:`SentenceEncoder` owns every step but the forward. An architecture supplies what differs:
 ``_forward_packed`` (its embeddings and layers on packed tokens, run by a :class:`Runner`), ``_layers_in`` (the
@@ -28,54 +32,15 @@ import torch
 from torch import Tensor
 
 from ..precision import ENCODE_PRECISIONS, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
-from .st_modules import HasHead
+from .chunking import check_long_inputs, chunk_tokens, pool_chunks, split_head
+from .outputs import check_output_precision, check_truncate_dim, finish_rows
+from .prompts import Prompts
+from .st_modules import HasHead, SentenceHead
 from .tokens import (PackedTokens, Runner, Tokens, check_encode_args, check_text, check_texts,  # noqa: F401 (encoding's names)
                      pack_ids)
 
 __all__ = ["SentenceEncoder", "Runner", "Prompts", "Tokens", "PackedTokens", "pack_ids", "check_encode_args", "check_texts",
            "check_text"]
-
-
-class Prompts:
-    """sentence-transformers' prompts, shared by every encoder: ``prompts``, ``default_prompt_name``, ``special_ids``."""
-
-    tokenizer: object
-    prompts: dict[str, str | None]
-    default_prompt_name: str | None
-    special_ids: frozenset[int]
-
-    def set_prompts(self, prompts: dict[str, str | None] | None, default_prompt_name: str | None,
-                    special_ids: frozenset[int] | set[int] = frozenset()) -> None:
-        # SentenceTransformer's own defaults: prompt_name="query" / "document" is no prompt unless the folder sets one
-        self.prompts = {"query": None, "document": None, **(prompts or {})}
-        self.default_prompt_name, self.special_ids = default_prompt_name, frozenset(special_ids)
-        self._prompt_lengths: dict[str, tuple[object, int]] = {}
-
-    def prompt_length(self, prompt: str | None) -> int | None:
-        """Tokens of ``prompt`` alone, less a trailing special token: what sentence-transformers leaves out of the
-        pooling when include_prompt is false. None for no prompt. Kept per prompt and tokenizer (a server asks at
-        every request), so the prompt is tokenized alone once."""
-        if not prompt:
-            return None
-        cache = self.__dict__.setdefault("_prompt_lengths", {})
-        tokenizer, n = cache.get(prompt, (None, 0))
-        if tokenizer is not self.tokenizer:
-            ids = self.tokenizer.encode(prompt).ids
-            n = len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
-            cache[prompt] = (self.tokenizer, n)
-        return n
-
-    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """sentence-transformers' rule: prompt wins; else prompts[prompt_name]; else the default prompt, if any."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt must be a str; got {type(prompt).__name__}")
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt_name {prompt_name!r} is not one of this model's prompts {sorted(self.prompts)}")
-            return self.prompts[prompt_name]
-        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
 
 
 class SentenceEncoder(Prompts, HasHead):
@@ -108,15 +73,25 @@ class SentenceEncoder(Prompts, HasHead):
         return self._encodings(texts, self.resolve_prompt(prompt, prompt_name))
 
     def tokens(self, texts: Sequence[str | tuple[str, str]] | Sequence[Sequence[int]], *, prompt_name: str | None = None,
-               prompt: str | None = None) -> Tokens:
-        """``texts`` tokenized once, exactly as :meth:`encode` with the same prompt / prompt_name runs them (checks,
-        prompt, truncation, special tokens, token types of pairs, the prompt's length for the head): pass the result
-        to :meth:`encode_tokens`. ``lengths()``: what each text costs; ``truncated``: which max_length cut."""
+               prompt: str | None = None, long_inputs: str = "truncate", chunk_overlap: int | None = None) -> Tokens:
+        """``texts`` tokenized once, exactly as :meth:`encode` with the same prompt / prompt_name / long_inputs runs
+        them (checks, prompt, truncation or chunks, special tokens, token types of pairs, the prompt's length for the
+        head): pass the result to :meth:`encode_tokens`. ``lengths()``: what each sequence costs; ``truncated``: which
+        max_length cut; ``chunks``: chunks per text (long_inputs="chunk"). long_inputs: see :meth:`encode`."""
         if isinstance(texts, (str, bytes)):
             raise TypeError("tokens takes a list of texts; wrap a single text in a list")
+        check_long_inputs(long_inputs, chunk_overlap)
         self._check_texts(texts)
         prompt = self.resolve_prompt(prompt, prompt_name)
-        return self._tokens(self._prepare(texts, prompt), prompt)
+        items = self._prepare(texts, prompt)
+        if long_inputs == "chunk":
+            return chunk_tokens(self, items, prompt, chunk_overlap)
+        tokens = self._tokens(items, prompt)
+        if long_inputs == "refuse" and any(tokens.truncated or ()):
+            i = tokens.truncated.index(True)
+            raise ValueError(f"texts[{i}] has more than {self.max_length} tokens (with its prompt), the most this model "
+                             "takes (long_inputs='refuse'); shorten it, or pass long_inputs='truncate' or 'chunk'")
+        return tokens
 
     def _encodings(self, texts: Sequence[str | tuple[str, str]], prompt: str | None) -> list:
         """The tokenizer's encodings of ``texts``, the prompt before each text (a pair's first text)."""
@@ -181,7 +156,9 @@ class SentenceEncoder(Prompts, HasHead):
     # -- the loop ----------------------------------------------------------------------------
     def encode(self, texts: Sequence[str | tuple[str, str]] | Sequence[Sequence[int]], *, batch_size: int = 64,
                path: str = "packed", precision: str | None = None, prompt_name: str | None = None,
-               prompt: str | None = None) -> Tensor:
+               prompt: str | None = None, truncate_dim: int | None = None, normalize_embeddings: bool = False,
+               output_precision: str = "float32", ranges=None, calibration_embeddings=None,
+               long_inputs: str = "truncate", chunk_overlap: int | None = None) -> Tensor:
         """Sentence embeddings (N, out) float32, as sentence-transformers computes them (the folder's modules, in order).
 
         texts: str; (a, b) pairs where the model has token types ([CLS] a [SEP] b [SEP], token type 1 on b where
@@ -199,20 +176,47 @@ class SentenceEncoder(Prompts, HasHead):
         only, never picked by "auto": int8 linear layers, attention and LayerNorm in fp32, embeddings within
         cosine 0.995 of fp32 on the workbook's corpora; see btlib.quant; warns once where this CPU's int8
         matmuls are not faster than fp32).
-        batch_size: texts per forward, >= 1 (a Python or numpy integer).
+        batch_size: texts per forward, >= 1 (a Python or numpy integer); with long_inputs="chunk", sequences (chunks).
+
+        After the head, as sentence-transformers' encode (btlib.pretrained.outputs): truncate_dim keeps the first
+        features (Matryoshka; 1 to the head's width, overriding the folder's truncate_dim) -> (N, truncate_dim);
+        normalize_embeddings L2-normalises each row after it (without it a truncated row of a normalising model is
+        not unit length, as in sentence-transformers: pass both for unit Matryoshka rows); output_precision
+        (sentence-transformers' ``precision=``: that name is the forward's here) "float32" (default), "int8" /
+        "uint8" (N, dim) int8 / uint8, per-feature buckets from ``ranges`` (2, dim), ``calibration_embeddings``
+        (M, dim) or else this call's rows (ValueError for one text), "binary" / "ubinary" (N, ceil(dim / 8)) int8 /
+        uint8 packed sign bits.
+        long_inputs: a text past max_length (with its prompt) is "truncate"d there (default, as always), "refuse"d
+        (ValueError naming it) or cut into "chunk"s (btlib.pretrained.chunking): windows of max_length tokens with
+        the special tokens and the prompt in each, consecutive ones sharing ``chunk_overlap`` tokens (default: 1/8
+        of the window, 31 for max_length 256 with [CLS] and [SEP]); all chunks run in the same packed batches and a
+        text's row is the token-weighted mean of its chunks' rows before the head's trailing Normalize, then that
+        Normalize. Single texts only (pairs and token id lists are refused with "chunk").
         """
         self._check_path(path)
         precision = check_encode_args(texts, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
+        check_long_inputs(long_inputs, chunk_overlap)
+        check_output_precision(output_precision)
+        width = self.head.output_dim(self.spec.d_model) if truncate_dim is None else SentenceHead(
+            self.head.modules).output_dim(self.spec.d_model)  # the width truncate_dim cuts: before the folder's own
+        truncate_dim = check_truncate_dim(truncate_dim, width)
+        if long_inputs != "truncate":
+            rows = self.encode_tokens(self.tokens(texts, prompt_name=prompt_name, prompt=prompt, long_inputs=long_inputs,
+                                                  chunk_overlap=chunk_overlap), batch_size=batch_size, path=path,
+                                      precision=precision, full_width=truncate_dim is not None)
+            return finish_rows(rows, truncate_dim, normalize_embeddings, output_precision, ranges, calibration_embeddings)
         self._check_texts(texts)
         batch_size, path = int(batch_size), self._check_packed(path, precision)
         prompt = self.resolve_prompt(prompt, prompt_name)
         items = self._prepare(texts, prompt)
         runner = self.resolve_precision(precision, f"{type(self).__name__}.encode")
         batches = (self._tokens(items[i:i + batch_size], prompt) for i in range(0, len(items), batch_size))
-        return self._run(batches, path, runner)
+        head = None if truncate_dim is None else SentenceHead(self.head.modules)  # cut at truncate_dim below
+        rows = self._run(batches, path, runner, head)
+        return finish_rows(rows, truncate_dim, normalize_embeddings, output_precision, ranges, calibration_embeddings)
 
     def encode_tokens(self, tokens: Tokens, *, batch_size: int = 64, path: str = "packed",
-                      precision: str | None = None, output: str = "sentence_embedding") -> Tensor:
+                      precision: str | None = None, output: str = "sentence_embedding", full_width: bool = False) -> Tensor:
         """:meth:`encode` of texts :meth:`tokens` tokenized (prompt length and token types travel in ``tokens``):
         ``encode(texts, **kw)`` is ``encode_tokens(tokens(texts, prompt_name=...), **kw)`` bit for bit.
 
@@ -221,6 +225,9 @@ class SentenceEncoder(Prompts, HasHead):
         before another module); "token_embeddings" (sum(tokens.lengths()), d) float32, the last hidden states of
         every token before the head, texts one after another (sentence-transformers' output_value name; split
         by ``tokens.lengths()``). The same forward runs for all three: only what reads its states differs.
+        Chunked tokens (``tokens.chunks``): one row per text, its chunks pooled (:meth:`encode`'s long_inputs);
+        "token_embeddings" of chunked tokens is refused. full_width: ignore the folder's truncate_dim (encode's
+        truncate_dim cuts instead).
         """
         if not isinstance(tokens, Tokens):
             raise TypeError(f"encode_tokens takes the Tokens that tokens(texts) gives; got {type(tokens).__name__}")
@@ -229,9 +236,27 @@ class SentenceEncoder(Prompts, HasHead):
         self._check_path(path)
         precision = check_encode_args(tokens.ids, batch_size, path, precision, self.PRECISIONS, who=self.WHO)
         batch_size, path = int(batch_size), self._check_packed(path, precision)
-        head = {"sentence_embedding": self.head, "token_embeddings": _token_states}.get(output) or self.head.without_normalize()
         runner = self.resolve_precision(precision, f"{type(self).__name__}.encode_tokens")
-        return self._run((tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)), path, runner, head)
+        batches = (tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size))
+        if tokens.chunks is not None:
+            return self._run_chunks(tokens, batches, path, runner, output, full_width)
+        head = {"sentence_embedding": self.head, "token_embeddings": _token_states}.get(output) or self.head.without_normalize()
+        if full_width and output != "token_embeddings":
+            head = SentenceHead(head.modules)
+        return self._run(batches, path, runner, head)
+
+    def _run_chunks(self, tokens: Tokens, batches: Iterable[Tokens], path: str, runner: Runner, output: str,
+                    full_width: bool) -> Tensor:
+        """Every chunk's row before the trailing Normalize, pooled per text (btlib.pretrained.chunking), then the
+        Normalize (output "sentence_embedding") and the folder's truncate_dim (unless full_width): (texts, out)."""
+        if output == "token_embeddings" or sum(tokens.chunks) != len(tokens):
+            raise ValueError("chunked tokens give pooled rows only (output 'sentence_embedding' or 'unnormalized'), "
+                             f"and their chunk counts must add up to their sequences; got output={output!r}")
+        body, tail = split_head(self.head)
+        x = pool_chunks(self._run(batches, path, runner, body), tokens.chunks, tokens.lengths())  # (texts, d')
+        for m in tail if output == "sentence_embedding" else ():
+            x = m(x)
+        return x if full_width or not self.head.truncate_dim else x[:, :self.head.truncate_dim]
 
     @staticmethod
     def _check_packed(path: str, precision: str | None) -> str:

@@ -50,20 +50,27 @@ class Tokens:
     types per text, or None (0 everywhere, or a family without them); prompt_length: the prompt's tokens at the start
     of every text, which a Pooling with include_prompt false leaves out (None: no prompt; one prompt for all the
     texts, as encode puts one before all its texts); truncated: per text, whether max_length cut it.
+    chunks: None, or per text the number of consecutive ``ids`` rows that are its chunks (long_inputs="chunk",
+    btlib.pretrained.chunking): ids, types, truncated and lengths() are then per chunk, the forward's sequences.
     """
 
     ids: list[list[int]]
     types: list[list[int]] | None = None
     prompt_length: int | None = None
     truncated: list[bool] | None = None
+    chunks: list[int] | None = None
 
-    def __len__(self) -> int:  # texts
+    def __len__(self) -> int:  # sequences: texts, or chunks where ``chunks`` is set
         return len(self.ids)
 
-    def lengths(self) -> list[int]:  # tokens per text: what each costs in a forward pass
+    def texts(self) -> int:  # texts: the rows encode_tokens gives
+        return len(self.chunks) if self.chunks is not None else len(self.ids)
+
+    def lengths(self) -> list[int]:  # tokens per sequence: what each costs in a forward pass
         return [len(s) for s in self.ids]
 
-    def __getitem__(self, i: slice) -> "Tokens":  # the texts i (a slice) of these, with the same prompt length
+    def __getitem__(self, i: slice) -> "Tokens":
+        """The sequences i (a slice) of these, with the same prompt length; a forward's batch: no chunk counts."""
         pick = (lambda x: None if x is None else x[i])
         return Tokens(self.ids[i], pick(self.types), self.prompt_length, pick(self.truncated))
 
@@ -75,7 +82,10 @@ class Tokens:
         types = None if all(p.types is None for p in parts) else [  # 0 where a part has none, as pack_ids reads None
             t for p in parts for t in (p.types if p.types is not None else ([0] * len(s) for s in p.ids))]
         truncated = None if any(p.truncated is None for p in parts) else [t for p in parts for t in p.truncated]
-        return Tokens([s for p in parts for s in p.ids], types, parts[0].prompt_length if parts else None, truncated)
+        chunks = None if all(p.chunks is None for p in parts) else [  # 1 per text where a part is not chunked
+            c for p in parts for c in (p.chunks if p.chunks is not None else [1] * len(p.ids))]
+        return Tokens([s for p in parts for s in p.ids], types, parts[0].prompt_length if parts else None, truncated,
+                      chunks)
 
 
 @dataclass(frozen=True)
