@@ -43,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting at most; beyond: 429")
     p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
     p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS, help="encode's precision")
-    p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413")
+    p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413 "
+                                                                "(--long-inputs truncate)")
+    p.add_argument("--long-inputs", default=None, choices=("refuse", "truncate", "chunk"),
+                   help="an input past the model's length: refuse (413, default), truncate, or chunk (windows of the "
+                        "model's length, pooled; a request's truncate / long_inputs field overrides it)")
+    p.add_argument("--chunk-overlap", type=int, default=None,
+                   help="tokens consecutive chunks share with --long-inputs chunk (default: 1/8 of the window)")
     p.add_argument("--api-key", default=os.environ.get("BTLIB_API_KEY"),
                    help="require Authorization: Bearer KEY (default: $BTLIB_API_KEY; none: no key)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
         app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
                          auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,
+                         long_inputs=args.long_inputs, chunk_overlap=args.chunk_overlap,
                          allowed_hosts=allowed_host_names(args.host, args.allowed_host))
     except ValueError as e:  # a precision this model lacks (int8 on ModernBERT), a limit out of range: said at start
         print(f"python -m btlib.serve: {e}", file=sys.stderr)

@@ -64,6 +64,7 @@ from fastapi.openapi.utils import get_openapi  # noqa: E402
 from fastapi.responses import JSONResponse, PlainTextResponse  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
+from ..pretrained.chunking import check_long_inputs  # noqa: E402
 from .openai_routes import openai_routes  # noqa: E402
 from .rerank_routes import rerank_routes  # noqa: E402
 from .service import Service  # noqa: E402
@@ -74,7 +75,8 @@ __all__ = ["create_app", "start_server", "server_config", "RunningServer", "allo
 
 def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", api_key: str | None = None,
                max_inputs: int = 256, auto_truncate: bool = False, payload_limit: int = PAYLOAD_LIMIT,
-               allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
+               allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS, long_inputs: str | None = None,
+               chunk_overlap: int | None = None) -> FastAPI:
     """The FastAPI app serving ``batcher``; closing the app (server shutdown) closes the batcher after answering.
 
     batcher.model: an embedding model (/v1/embeddings, /embed, ...) or a :class:`btlib.serve.rerank.PairScorer`
@@ -84,7 +86,9 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     set, every route but /health and GET / needs ``Authorization: Bearer <api_key>`` (an empty key is a ValueError).
     max_inputs: inputs per request at most (413 beyond; <= the batcher's max_queue; TEI's max_client_batch_size).
     auto_truncate: truncate overlong inputs instead of answering 413 (TEI's --auto-truncate; a request's
-    ``truncate`` field overrides it where the route has one). payload_limit: bytes
+    ``truncate`` field overrides it where the route has one): long_inputs="truncate". long_inputs: what a request
+    that does not say does with an input past the model's length: "refuse" (413; the default), "truncate" or "chunk"
+    (btlib.serve.service; chunk_overlap: tokens consecutive chunks share, default 1/8 of the window). payload_limit: bytes
     of a request body at most (413 beyond, TEI's 2 MB by default). allowed_hosts: the Host header names answered
     (any port; :func:`allowed_host_names` derives them from a bind address); None or ("*",): any.
     """
@@ -94,6 +98,11 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         raise ValueError(f"payload_limit must be a positive int (bytes); got {payload_limit!r}")
     if api_key is not None:
         check_api_key(api_key)
+    if long_inputs is None:
+        long_inputs = "truncate" if auto_truncate else "refuse"
+    elif auto_truncate and long_inputs != "truncate":
+        raise ValueError(f"auto_truncate=True is long_inputs='truncate'; got long_inputs={long_inputs!r} too: pass one")
+    check_long_inputs(long_inputs, chunk_overlap)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -131,7 +140,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     if allowed_hosts is not None and "*" not in allowed_hosts:
         app.add_middleware(HostCheck, allowed=tuple(allowed_hosts))
 
-    svc = Service(batcher, model_name=model_name, max_inputs=max_inputs, auto_truncate=auto_truncate)
+    svc = Service(batcher, model_name=model_name, max_inputs=max_inputs, long_inputs=long_inputs, chunk_overlap=chunk_overlap)
     # Plain Starlette routes that parse their own body (btlib.serve.bodies.parse): FastAPI's endpoint wrapper (body
     # handling, dependency solving, telemetry hooks) cost 0.05 ms of server CPU per request more (POST
     # /v1/embeddings through the app alone: 0.204 -> 0.157 ms, 2-core Intel Xeon). openapi() keeps /docs complete.

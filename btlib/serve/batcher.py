@@ -136,18 +136,20 @@ class BatchEncoder:
         self._worker.start()
 
     # -- callers -----------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> Tokens:
+    def tokenize(self, texts: Sequence[Item], *, truncate: bool | str = True, prompt_name: str | None = None,
+                 chunk_overlap: int | None = None) -> Tokens:
         """``texts`` tokenized once, as the model will run them, its prompt included (``prompt_name``, else the folder's
-        default prompt): what :meth:`submit` queues. truncate=False raises InputTooLong for one past ``max_length``
-        with its prompt. ValueError for a prompt_name the model does not have (btlib.serve.queue.tokenize)."""
-        return tokenize(self.model, list(texts), truncate=truncate, prompt_name=prompt_name)
+        default prompt): what :meth:`submit` queues. truncate=False (or "refuse") raises InputTooLong for one past
+        ``max_length`` with its prompt; "chunk" cuts it into chunks of max_length, ``chunk_overlap`` tokens shared
+        (btlib.pretrained.chunking). ValueError for a prompt_name the model does not have (btlib.serve.queue.tokenize)."""
+        return tokenize(self.model, list(texts), truncate=truncate, prompt_name=prompt_name, chunk_overlap=chunk_overlap)
 
     def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> list[int]:
         """Tokens per text (pair) as the model will see them, its prompt included: :meth:`tokenize`'s lengths."""
         return self.tokenize(texts, truncate=truncate, prompt_name=prompt_name).lengths()
 
-    def submit(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None,
-               output: str | None = None) -> Future:
+    def submit(self, texts: Sequence[Item], *, truncate: bool | str = True, prompt_name: str | None = None,
+               output: str | None = None, chunk_overlap: int | None = None) -> Future:
         """Queue ``texts`` (a list of str, or of (str, str) pairs); returns a Future of their (len(texts), d) float32 rows.
 
         prompt_name: one of the model's prompts (sentence-transformers' config_sentence_transformers.json), put
@@ -155,6 +157,9 @@ class BatchEncoder:
         count: the length limit, the token budget, and the future's ``tokens`` attribute (the request's token
         count, what OpenAI's API reports as usage). output: passed to ``model.encode_tokens`` (None: the model's
         rows; "unnormalized"; "token_embeddings": the future holds (sum(future.lengths), d) token states).
+        truncate: True cuts a text at max_length; False ("refuse") raises InputTooLong; "chunk" runs its chunks (in
+        the same batches as everything else) and answers their pooled row (:meth:`tokenize`): the future's ``tokens``
+        and ``lengths`` are then the chunks' (what ran), ``chunks`` the chunks per text.
 
         The future also says where its time went once done (seconds, what TEI's x-*-time headers report):
         ``tokenize_s`` (at submit), ``queue_s`` (submit to its batch's start), ``inference_s`` (its batch's forward).
@@ -170,9 +175,10 @@ class BatchEncoder:
         if not texts:
             future: Future = Future()
             future.tokens, future.lengths, future.tokenize_s, future.queue_s, future.inference_s = 0, [], 0.0, 0.0, 0.0
+            future.chunks = []
             future.set_result(self.model.encode([], batch_size=1, precision=self.precision))
             return future
-        ids = self.tokenize(texts, truncate=truncate, prompt_name=prompt_name)  # the one tokenization: it runs
+        ids = self.tokenize(texts, truncate=truncate, prompt_name=prompt_name, chunk_overlap=chunk_overlap)  # it runs
         return self._queue_request(texts, ids, prompt_name, output, start)
 
     def submit_tokens(self, tokens: Tokens, *, output: str | None = None) -> Future:
@@ -196,6 +202,7 @@ class BatchEncoder:
     def _queue_request(self, texts: list, ids: Tokens, prompt_name: str | None, output: str | None, start: float) -> Future:
         future: Future = Future()
         future.lengths = ids.lengths()
+        future.chunks = ids.chunks if ids.chunks is not None else [1] * len(texts)
         tokens = future.tokens = sum(future.lengths)
         arrival = time.perf_counter()
         future.tokenize_s = arrival - start

@@ -34,6 +34,7 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 # a text, texts, or token ids (one input's, or one list per input), as TEI's and OpenAI's inputs; not mixed
 TextInputs = str | list[str] | list[int] | list[list[int]]
 Direction = Literal["right", "Right", "left", "Left"]
+LongInputs = Literal["refuse", "truncate", "chunk"]  # btlib's fields (not TEI's or OpenAI's): btlib.pretrained.chunking
 
 
 class OpenAIEmbeddingRequest(BaseModel):
@@ -44,6 +45,8 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: int | None = None
     user: str | None = None  # OpenAI's end-user id for abuse monitoring: accepted, changes no answer
     prompt_name: str | None = None  # not OpenAI's: TEI's field, for a model whose queries need a prompt
+    long_inputs: LongInputs | None = None  # btlib's: None is the server's --long-inputs
+    chunk_overlap: int | None = None  # btlib's: tokens consecutive chunks share (long_inputs "chunk")
 
 
 class TEIEmbedRequest(BaseModel):
@@ -54,6 +57,8 @@ class TEIEmbedRequest(BaseModel):
     truncation_direction: Direction = "right"
     prompt_name: str | None = None
     dimensions: int | None = None
+    long_inputs: LongInputs | None = None  # btlib's, as OpenAIEmbeddingRequest's
+    chunk_overlap: int | None = None
 
 
 class TEIEmbedAllRequest(BaseModel):  # /embed_all and /embed_sparse take the same fields (TEI's types.rs)

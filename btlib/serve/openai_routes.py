@@ -1,9 +1,10 @@
 """OpenAI's embeddings API: POST /v1/embeddings (and TEI's /embeddings, the same body), GET /v1/models.
 
     POST /v1/embeddings  {"input": str | [str] | [int] | [[int]], "model", "encoding_format": "float" | "base64",
-                          "dimensions", "user", "prompt_name" (TEI's, not OpenAI's)}
+                          "dimensions", "user", "prompt_name" (TEI's, not OpenAI's), "long_inputs", "chunk_overlap"
+                          (btlib's: the openai client sends them in extra_body)}
                           -> {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
-                              "usage": {"prompt_tokens", "total_tokens"}}
+                              "usage": {"prompt_tokens", "total_tokens", "chunks" (long_inputs "chunk" only)}}
     GET  /v1/models      {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
     GET  /v1/models/{id} the served model, or 404 for another name
 
@@ -38,14 +39,16 @@ def openai_routes(svc: Service) -> dict:
         svc.holds("embedding")
         svc.check_dimensions(body.dimensions)
         svc.check_prompt(body.prompt_name)
-        ran = await svc.embed(body.input, svc.auto_truncate, "input", body.prompt_name, None)
+        mode = svc.long_mode("right", None, body.long_inputs, body.chunk_overlap)
+        ran = await svc.embed(body.input, mode, "input", body.prompt_name, None, body.chunk_overlap)
         rows = svc.shape(ran.rows, body.dimensions, svc.normalizes and body.dimensions is not None).numpy().astype("<f4")
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(r.tobytes()).decode() if body.encoding_format == "base64" else r.tolist()}
                 for i, r in enumerate(rows)]
-        tokens = ran.future.tokens
-        out = {"object": "list", "data": data, "model": svc.model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return Response(await dumps(out, rows.size > 4096), media_type="application/json", headers=svc.timing(ran, start))
+        tokens = ran.future.tokens  # every token that ran: a chunked text's chunks, overlaps and special tokens included
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens, **({"chunks": sum(ran.future.chunks)} if mode == "chunk" else {})}
+        out = {"object": "list", "data": data, "model": svc.model_name, "usage": usage}
+        return Response(await dumps(out, rows.size > 4096), media_type="application/json", headers=svc.timing(ran, start, mode))
 
     def entry() -> dict:
         return {"id": svc.model_name, "object": "model", "created": svc.started, "owned_by": "btlib"}

@@ -14,13 +14,15 @@ pairs), so the budget counts exactly the tokens a forward sees. Another model (a
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ..pretrained.chunking import LONG_INPUTS
 from ..pretrained.encoding import Tokens, check_texts
 
-__all__ = ["Item", "InputTooLong", "Request", "check_items", "runs_tokens", "tokenize", "take"]
+__all__ = ["Item", "InputTooLong", "Request", "check_items", "runs_tokens", "long_mode", "tokenize", "take"]
 
 Item = str | tuple[str, str]  # a text, or a (query, text) pair
 
@@ -66,11 +68,34 @@ def runs_tokens(model) -> bool:
         and getattr(tokens, "__self__", None) is owner
 
 
-def tokenize(model, texts: list[Item], *, truncate: bool, prompt_name: str | None) -> Tokens:
+def long_mode(truncate: bool | str) -> str:
+    """A ``truncate`` argument -> its long_inputs mode: True "truncate", False "refuse", or the mode itself
+    ("refuse", "truncate" or "chunk"; btlib.pretrained.chunking). ValueError for anything else."""
+    if isinstance(truncate, bool):
+        return "truncate" if truncate else "refuse"
+    if truncate not in LONG_INPUTS:
+        raise ValueError(f"truncate must be a bool or one of {LONG_INPUTS}; got {truncate!r}")
+    return truncate
+
+
+def tokenize(model, texts: list[Item], *, truncate: bool | str, prompt_name: str | None,
+             chunk_overlap: int | None = None) -> Tokens:
     """``texts`` tokenized once, as ``model`` will run them, the prompt included (``prompt_name``, else the folder's
-    default); truncate=False raises InputTooLong for one past ``max_length`` with its prompt. ValueError for a
-    prompt_name the model does not have. A model that does not run tokens is counted by ``encodings`` (btlib's) or
-    its tokenizer (no prompts then)."""
+    default). truncate (:func:`long_mode`): True cuts at max_length; False ("refuse") raises InputTooLong for one past
+    it with its prompt; "chunk" cuts such a text into chunks (``model.tokens(long_inputs="chunk")``: the Tokens carry
+    ``chunks``, and their lengths are the chunks' tokens, what the forward computes). ValueError for a prompt_name the
+    model does not have, or "chunk" on a model whose ``tokens`` cannot chunk. A model that does not run tokens is
+    counted by ``encodings`` (btlib's) or its tokenizer (no prompts then)."""
+    mode = long_mode(truncate)
+    if mode == "chunk":
+        if not runs_tokens(model) or "long_inputs" not in inspect.signature(model.tokens).parameters:
+            raise ValueError("long_inputs='chunk': this model cannot chunk its inputs (it needs btlib's tokens("
+                             "long_inputs=)); truncate or refuse long inputs instead")
+        if any(isinstance(t, tuple) for t in texts):
+            raise ValueError("long_inputs='chunk' chunks single texts, not (query, text) pairs: truncate or refuse them")
+        return model.tokens(texts, prompt_name=prompt_name, long_inputs="chunk", chunk_overlap=chunk_overlap)
+    if chunk_overlap is not None:
+        raise ValueError(f"chunk_overlap={chunk_overlap!r} applies to long_inputs='chunk' only; got {mode!r}")
     if runs_tokens(model):
         tokens = model.tokens(texts, prompt_name=prompt_name)
     else:
@@ -81,7 +106,7 @@ def tokenize(model, texts: list[Item], *, truncate: bool, prompt_name: str | Non
         else:
             encodings = model.tokenizer.encode_batch(texts)
         tokens = Tokens([e.ids for e in encodings], truncated=[bool(e.overflowing) for e in encodings])
-    if not truncate:
+    if mode == "refuse":
         long = [i for i, cut in enumerate(tokens.truncated) if cut]
         if long:
             what = "(query, text) pair" if isinstance(texts[long[0]], tuple) else "input"

@@ -1,7 +1,8 @@
 """What every route of btlib.serve shares: the model served, the request checks, one run through the batcher.
 
-    svc = Service(batcher, model_name="all-MiniLM-L6-v2", max_inputs=256, auto_truncate=False)
-    ran = await svc.embed(body.inputs, truncate, "inputs", prompt_name, output=None)   # texts or token ids
+    svc = Service(batcher, model_name="all-MiniLM-L6-v2", max_inputs=256, long_inputs="refuse")
+    mode = svc.long_mode(body.truncation_direction, body.truncate, body.long_inputs)   # "refuse" | "truncate" | "chunk"
+    ran = await svc.embed(body.inputs, mode, "inputs", prompt_name, output=None)   # texts or token ids
     ran.rows                 # (N, d) float32 (output "token_embeddings": (sum(ran.future.lengths), d))
     svc.timing(ran, start)   # TEI's x-*-time headers: what the batcher measured for this request
 
@@ -10,7 +11,13 @@ text-embeddings-inference's router validates and answers while its queue batches
 
 Token-id inputs (TEI's and OpenAI's ``[1, 2]`` / ``[[1, 2], [3]]``) run as given: no special tokens added, no prompt
 (the ids are what the forward sees; TEI re-tokenizes its decode, which can differ), each id in the model's
-vocabulary, at most ``max_length`` of them (cut there where truncation is allowed, else 413).
+vocabulary, at most ``max_length`` of them (cut there where truncation is allowed, else 413; never chunked).
+
+Long inputs (btlib.pretrained.chunking): the server's mode (``long_inputs``: "refuse", TEI's default; "truncate",
+TEI's --auto-truncate; "chunk") unless a request's ``truncate`` (true: "truncate", false: "refuse") or btlib's
+``long_inputs`` field says otherwise. Chunks run in the same batches as every other input, count in the token budget
+and in usage (what ran), and a text's answer is its chunks' pooled row. Routes whose answer cannot pool chunks
+(/embed_all's token states, the rerank routes' pairs) refuse a long input under "chunk" unless truncate is true.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ import torch
 from torch import Tensor
 
 from ..pretrained.encoding import Tokens
+from ..pretrained.outputs import check_truncate_dim, truncate_rows
 from ..pretrained.st_modules import NormalizeModule
 from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .queue import long_mode
 from .bodies import OFF_LOOP_BYTES
 from .guards import HTTPError
 
@@ -45,9 +54,11 @@ class Ran:
 class Service:
     """The batcher and what create_app was told, with the checks every route makes (module docstring)."""
 
-    def __init__(self, batcher: BatchEncoder, *, model_name: str, max_inputs: int, auto_truncate: bool):
+    def __init__(self, batcher: BatchEncoder, *, model_name: str, max_inputs: int, long_inputs: str = "refuse",
+                 chunk_overlap: int | None = None):
         self.batcher, self.model, self.model_name = batcher, batcher.model, model_name
-        self.max_inputs, self.auto_truncate = max_inputs, auto_truncate
+        self.max_inputs, self.long_inputs, self.chunk_overlap = max_inputs, long_mode(long_inputs), chunk_overlap
+        self.auto_truncate = self.long_inputs == "truncate"  # what a route that cannot chunk does by default
         self.started = int(time.time())
         model = self.model
         self.reranker = bool(getattr(model, "scores_pairs", False))  # a PairScorer (or a wrapper forwarding it)
@@ -87,19 +98,37 @@ class Service:
                                  "leave truncation_direction out (or shorten the text)", "Validation")
         return self.auto_truncate if truncate is None else truncate
 
+    def long_mode(self, direction: str, truncate: bool | None, long_inputs: str | None,
+                  chunk_overlap: int | None = None) -> str:
+        """An embedding route's long-input mode (module docstring): ``truncate`` (TEI's field) or ``long_inputs``
+        (btlib's), else the server's; 422 where they disagree, or for chunk_overlap without "chunk"."""
+        cut = self.truncation(direction, truncate)  # truncation_direction checked whatever decides
+        if long_inputs is None:
+            mode = self.long_inputs if truncate is None else long_mode(cut)
+        else:
+            if truncate is not None and long_mode(truncate) != long_inputs:
+                raise HTTPError(422, f"truncate={str(truncate).lower()} and long_inputs={long_inputs!r} disagree: send one "
+                                     "of them", "Validation", param="long_inputs")
+            mode = long_inputs
+        if chunk_overlap is not None and mode != "chunk":
+            raise HTTPError(422, f"chunk_overlap applies to long_inputs='chunk' only (this request's is {mode!r})",
+                            "Validation", param="chunk_overlap")
+        return mode
+
     def check_dimensions(self, dimensions: int | None, width: int | None = None) -> None:
-        width = width or self.width
-        if dimensions is not None and not (1 <= dimensions <= (width or dimensions)):
-            raise HTTPError(422, f"dimensions={dimensions}: this model gives {width} features; ask for 1 to {width} "
-                                 "(or leave dimensions out)", "invalid_request_error", param="dimensions")
+        """422 naming dimensions unless it is 1..width (btlib.pretrained.outputs.check_truncate_dim)."""
+        try:
+            check_truncate_dim(dimensions, width or self.width, "dimensions")
+        except ValueError as e:
+            raise HTTPError(422, str(e), "invalid_request_error", param="dimensions") from None
 
     def shape(self, emb: Tensor, dimensions: int | None, normalize: bool) -> Tensor:
         """(N, d) rows -> (N, dimensions) rows, L2-normalised where ``normalize`` (Matryoshka: truncate, then
-        normalise, as OpenAI, TEI and sentence-transformers' normalize_embeddings after truncate_dim do)."""
+        normalise, as OpenAI, TEI and sentence-transformers' normalize_embeddings after truncate_dim do): encode's
+        own truncate_dim / normalize_embeddings step (btlib.pretrained.outputs.truncate_rows)."""
         if dimensions is not None:
             self.check_dimensions(dimensions, emb.shape[1])  # a model without a known width: checked once its rows are in
-            emb = emb[:, :dimensions]
-        return emb / emb.norm(dim=-1, keepdim=True).clamp(min=1e-12) if normalize else emb
+        return truncate_rows(emb, dimensions, normalize)
 
     def check_prompt(self, prompt_name: str | None) -> None:
         """422 naming prompt_name unless the model has that prompt (sentence-transformers' config_sentence_transformers.json)."""
@@ -125,10 +154,12 @@ class Service:
                 raise HTTPError(422, f"normalize=false: {e}; leave normalize out", "Validation") from None
         return name
 
-    def token_ids(self, ids: list[list[int]], truncate: bool, field: str) -> Tokens:
+    def token_ids(self, ids: list[list[int]], truncate: bool | str, field: str) -> Tokens:
         """Token-id inputs checked (module docstring) as the Tokens that run: 422 for an empty list or an id outside
-        the vocabulary, 413 past max_length without truncation (cut at it with)."""
-        limit = self.model.max_length
+        the vocabulary, 413 past max_length unless truncate is true / "truncate" (cut at it then; never chunked)."""
+        limit, mode = self.model.max_length, long_mode(truncate)
+        chunk = " (token ids run as given: they are not chunked; send the text to chunk it)" if mode == "chunk" else ""
+        truncate = mode == "truncate"
         for i, row in enumerate(ids):
             if not row:
                 raise HTTPError(422, f"{field}[{i}] is an empty list of token ids: it has no embedding", "Validation")
@@ -139,12 +170,15 @@ class Service:
                                 "Validation")
             if len(row) > limit and not truncate:
                 raise HTTPError(413, f"{field}[{i}] has {len(row)} tokens (ids), more than {limit}, the most this "
-                                     "model takes; shorten it or allow truncation", "Validation")
+                                     f"model takes; shorten it or allow truncation{chunk}", "Validation")
         return Tokens([row[:limit] for row in ids], truncated=[len(row) > limit for row in ids])
 
     # -- one run through the batcher ---------------------------------------------------------
-    async def embed(self, inputs, truncate: bool, field: str, prompt_name: str | None, output: str | None) -> Ran:
-        """An embedding route's inputs (a str, a list of str, a list of ids or a list of id lists) through the batcher."""
+    async def embed(self, inputs, truncate: bool | str, field: str, prompt_name: str | None, output: str | None,
+                    chunk_overlap: int | None = None) -> Ran:
+        """An embedding route's inputs (a str, a list of str, a list of ids or a list of id lists) through the batcher.
+        truncate: True / False, or a long-input mode (:meth:`long_mode`); chunk_overlap: the request's, else the
+        server's."""
         if isinstance(inputs, str):
             inputs = [inputs]
         if inputs and isinstance(inputs[0], int):
@@ -157,7 +191,7 @@ class Service:
             tokens = self.token_ids(inputs, truncate, field)
             return await self._submit(functools.partial(self.batcher.submit_tokens, tokens, output=output), field,
                                       sum(len(r) for r in inputs), sum(len(r) for r in inputs) > OFF_LOOP_BYTES // 4)
-        return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output)
+        return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output, chunk_overlap=chunk_overlap)
 
     def _count(self, items: list, field: str, noun: str) -> None:
         if not items:
@@ -166,13 +200,16 @@ class Service:
             raise HTTPError(413, f"{len(items)} {noun} exceed this server's limit of {self.max_inputs} per request; "
                                  "split the request", "invalid_request_error", param=field)
 
-    async def run(self, items: list, truncate: bool, field: str = "input", noun: str = "inputs",
-                  prompt_name: str | None = None, output: str | None = None) -> Ran:
+    async def run(self, items: list, truncate: bool | str, field: str = "input", noun: str = "inputs",
+                  prompt_name: str | None = None, output: str | None = None, chunk_overlap: int | None = None) -> Ran:
         """Queue ``items`` (texts or pairs) on the batcher; their rows once their batch ran. Tokenizing (the batcher
-        counts tokens at submit) runs off the event loop for a big request."""
+        counts tokens at submit) runs off the event loop for a big request. truncate: as :meth:`embed`."""
         self._count(items, field, noun)
         chars = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in items)
-        submit = functools.partial(self.batcher.submit, items, truncate=truncate, prompt_name=prompt_name, output=output)
+        if long_mode(truncate) == "chunk" and chunk_overlap is None:
+            chunk_overlap = self.chunk_overlap
+        submit = functools.partial(self.batcher.submit, items, truncate=truncate, prompt_name=prompt_name, output=output,
+                                   chunk_overlap=chunk_overlap)
         return await self._submit(submit, field, chars, chars > OFF_LOOP_BYTES // 4)
 
     async def _submit(self, submit, field: str, chars: int, big: bool) -> Ran:
@@ -189,14 +226,16 @@ class Service:
         return Ran(await asyncio.wrap_future(future), future, chars)
 
     @staticmethod
-    def timing(ran: Ran, start: float) -> dict[str, str]:
+    def timing(ran: Ran, start: float, mode: str | None = None) -> dict[str, str]:
         """TEI's headers (router/src/lib.rs, ResponseMetadata): whole milliseconds, as TEI writes them. compute and
         total time run from the route's start (``start``: time.perf_counter()) to now; the others are what the batcher
-        measured for this request (btlib.serve.batcher.BatchEncoder.submit)."""
+        measured for this request (btlib.serve.batcher.BatchEncoder.submit). x-compute-tokens: every token that ran
+        (chunks included). mode "chunk" adds btlib's x-compute-chunks: the sequences that ran."""
         f, total = ran.future, f"{int((time.perf_counter() - start) * 1e3)}"
+        chunks = {"x-compute-chunks": str(sum(getattr(f, "chunks", ())))} if mode == "chunk" else {}
         return {"x-compute-time": total, "x-total-time": total, "x-tokenization-time": f"{int(f.tokenize_s * 1e3)}",
                 "x-queue-time": f"{int(f.queue_s * 1e3)}", "x-inference-time": f"{int(f.inference_s * 1e3)}",
-                "x-compute-tokens": str(f.tokens), "x-compute-characters": str(ran.chars)}
+                "x-compute-tokens": str(f.tokens), "x-compute-characters": str(ran.chars), **chunks}
 
 
 def cosine(rows: Tensor) -> list[float]:

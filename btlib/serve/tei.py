@@ -1,7 +1,7 @@
 """text-embeddings-inference's HTTP API (router/src/http/server.rs and types.rs): its routes, bodies and answers.
 
     POST /embed        {"inputs": str | [str] | [int] | [[int]], "normalize", "truncate", "truncation_direction",
-                        "prompt_name", "dimensions"} -> [[float, ...], ...]
+                        "prompt_name", "dimensions", btlib's "long_inputs", "chunk_overlap"} -> [[float, ...], ...]
     POST /embed_all    {"inputs", "truncate", "truncation_direction", "prompt_name"} -> [[[float] per token] per input]
     POST /similarity   {"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate", "truncation_direction",
                         "prompt_name"}} -> [cosine of source_sentence with each sentence]
@@ -45,13 +45,13 @@ def tei_routes(svc: Service) -> dict:
         svc.holds("embedding")
         svc.check_dimensions(body.dimensions)
         svc.check_prompt(body.prompt_name)
-        truncate = svc.truncation(body.truncation_direction, body.truncate)
+        mode = svc.long_mode(body.truncation_direction, body.truncate, body.long_inputs, body.chunk_overlap)
         output = svc.output("unnormalized", "normalize=false") if not body.normalize and svc.normalizes else None
-        ran = await svc.embed(body.inputs, truncate, "inputs", body.prompt_name, output)
+        ran = await svc.embed(body.inputs, mode, "inputs", body.prompt_name, output, body.chunk_overlap)
         # normalize=true: unit rows; rows the head left unit (no truncation after its Normalize) are kept as they are
         emb = svc.shape(ran.rows, body.dimensions, body.normalize and not (svc.unit and body.dimensions is None))
         text = await dumps(emb.numpy().tolist(), emb.numel() > 4096)
-        return Response(text, media_type="application/json", headers=svc.timing(ran, start))
+        return Response(text, media_type="application/json", headers=svc.timing(ran, start, mode))
 
     async def embed_all(request: Request) -> Response:
         start = time.perf_counter()
@@ -76,12 +76,13 @@ def tei_routes(svc: Service) -> dict:
         p = body.parameters
         prompt_name = p.prompt_name if p else None
         svc.check_prompt(prompt_name)
-        truncate = svc.truncation(p.truncation_direction, p.truncate) if p else svc.auto_truncate
+        mode = svc.long_mode(p.truncation_direction, p.truncate, None) if p else svc.long_inputs
         if not body.inputs.sentences:
             raise HTTPError(422, "inputs.sentences must not be empty", "Validation")
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
-        ran = await svc.run(texts, truncate, "inputs", "inputs (source_sentence and sentences)", prompt_name)
-        return Response(await dumps(cosine(ran.rows), False), media_type="application/json", headers=svc.timing(ran, start))
+        ran = await svc.run(texts, mode, "inputs", "inputs (source_sentence and sentences)", prompt_name)
+        return Response(await dumps(cosine(ran.rows), False), media_type="application/json",
+                        headers=svc.timing(ran, start, mode))
 
     @functools.cache
     def untruncated():
