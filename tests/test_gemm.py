@@ -345,9 +345,13 @@ def test_a_raising_btlib_path_falls_back_and_stays_off(monkeypatch):
 @pytest.mark.skipif(BTLIB_WHY is not None, reason=f"gemm.cpp: {BTLIB_WHY}")
 def test_every_build_of_gemm_cpp_this_cpu_runs_matches_f_linear():
     """gemm.cpp for each instruction set this CPU executes (portable, AVX2, AVX-512): its own panel width and row
-    block, one subprocess each (a build is chosen once per process)."""
+    block, one subprocess each (a build is chosen once per process). The subprocesses run side by side, one per
+    core: each compile (~25 s on a cold cache) is one single-threaded compiler process, and each build has its
+    own cache folder and lock, so they do not wait for each other."""
+    import os
     import subprocess
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
     from btlib.kernels.cpu import build
 
@@ -355,9 +359,15 @@ def test_every_build_of_gemm_cpp_this_cpu_runs_matches_f_linear():
             "x, w, b, r = torch.randn(29, 37), torch.randn(70, 37), torch.randn(70), torch.randn(29, 70); "
             "y = gemm.linear(x, w, b, 'gelu', r, path='btlib'); ref = F.gelu(F.linear(x.double(), w.double(), b.double())) + r; "
             "print(m.isa, m.panel_width, m.max_rows, float(((y - ref).abs().max() / ref.abs().max())))")
-    for isa in build.runnable():
-        env = {**__import__("os").environ, "BTLIB_CPU_ISA": isa}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+    def run(isa):
+        env = {**os.environ, "BTLIB_CPU_ISA": isa}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+    isas = build.runnable()
+    with ThreadPoolExecutor(max_workers=max(2, min(len(isas), os.cpu_count() or 1))) as pool:
+        outs = list(pool.map(run, isas))
+    for isa, out in zip(isas, outs):
         assert out.returncode == 0, out.stderr[-2000:]
         name, width, rows, err = out.stdout.split()[-4:]
         assert (isa == "portable") == (name == "portable") and float(err) < 1e-5, out.stdout
