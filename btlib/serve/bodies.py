@@ -4,6 +4,10 @@ Strict: a field takes its JSON type only ("128" is not an int, "false" not a boo
 by name (it was ignored, so a ``prompt_name`` the server did not know gave the default prompt's vector without a
 word). A body is UTF-8 JSON (RFC 8259; TEI's serde_json): json.loads(bytes) would guess UTF-16 / UTF-32. A big body
 is parsed, and a big answer written, off the event loop, which answers every connection (/health included).
+
+Answers are written by orjson where it imports (the ``serve`` extra installs it): 8 x 384 floats in ~0.09 ms where
+json.dumps took ~1.6 ms (AMD EPYC Zen 4). Both write a Python float as its shortest round-trip repr, so the text
+parses to the same float64 values (float32 rows' .tolist() included); without orjson the json path answers the same.
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .guards import HTTPError, TooLarge, error_response
 
+try:
+    import orjson  # the serve extra (btlib[serve]) installs it; json.dumps answers the same where it is missing
+except ImportError:
+    orjson = None
+
 __all__ = ["OFF_LOOP_BYTES", "OpenAIEmbeddingRequest", "TEIEmbedRequest", "TEIEmbedAllRequest", "TEIRerankRequest",
            "RerankDocumentsRequest", "TEIPredictRequest", "TEISimilarityRequest", "TEITokenizeRequest", "TEIDecodeRequest",
-           "parse", "read_json", "validate", "check", "answers", "dumps"]
+           "parse", "read_json", "validate", "check", "answers", "to_json", "dumps"]
 
 OFF_LOOP_BYTES = 16_384  # a body past this is parsed and tokenized off the event loop (~2 ms of tokenizing on it at most)
 _log = logging.getLogger("btlib.serve")
@@ -209,8 +218,17 @@ def answers(endpoint):
     return wrapped
 
 
-async def dumps(obj, big: bool) -> str:
-    """json.dumps, off the event loop when the answer is big (8 x 384 floats took ~2 ms to write)."""
+def to_json(obj, fast: bool = True) -> bytes:
+    """``obj`` as UTF-8 JSON: orjson's where it imports and ``fast``, else json.dumps' (the same values: both write a
+    float's shortest round-trip repr; json's separators have spaces, orjson's none). NaN / inf are not JSON: json.dumps
+    writes them bare, orjson null; an embedding has neither."""
+    if fast and orjson is not None:
+        return orjson.dumps(obj)
+    return json.dumps(obj).encode()
+
+
+async def dumps(obj, big: bool) -> bytes:
+    """:func:`to_json`, off the event loop when the answer is big (json.dumps took ~2 ms for 8 x 384 floats; orjson ~0.1)."""
     if big:
-        return await asyncio.get_running_loop().run_in_executor(None, json.dumps, obj)
-    return json.dumps(obj)
+        return await asyncio.get_running_loop().run_in_executor(None, to_json, obj)
+    return to_json(obj)

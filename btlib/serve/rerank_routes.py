@@ -17,7 +17,6 @@ never trained to give). Pairs run through the same batcher as texts do (btlib.se
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -26,7 +25,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..pretrained.encoding import check_text
-from .bodies import RerankDocumentsRequest, TEIPredictRequest, TEIRerankRequest, parse
+from .bodies import RerankDocumentsRequest, TEIPredictRequest, TEIRerankRequest, parse, to_json
 from .guards import HTTPError
 from .rerank import rank_scores
 from .service import Service
@@ -63,7 +62,7 @@ async def rerank_body(svc: Service, body, start: float) -> Response:
                "usage": {"total_tokens": tokens, "prompt_tokens": tokens}}
     else:
         out = [{"index": i, "score": score, **({"text": texts[i]} if body.return_text else {})} for i, score in ranks]
-    return Response(json.dumps(out), media_type="application/json", headers=svc.timing(ran, start))
+    return Response(to_json(out), media_type="application/json", headers=svc.timing(ran, start))
 
 
 async def predict_body(svc: Service, body: TEIPredictRequest, start: float) -> Response:
@@ -91,7 +90,7 @@ async def predict_body(svc: Service, body: TEIPredictRequest, start: float) -> R
     predictions = [sorted(({"score": s, "label": label[k]} for k, s in enumerate(row)), key=lambda p: -p["score"])[:top_k]
                    for row in scores]
     out = predictions[0] if single else predictions
-    return Response(json.dumps(out), media_type="application/json", headers=svc.timing(ran, start))
+    return Response(to_json(out), media_type="application/json", headers=svc.timing(ran, start))
 
 
 def _predict_parameters(body: TEIPredictRequest) -> tuple[bool, int | None]:
