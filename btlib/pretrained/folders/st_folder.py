@@ -68,6 +68,9 @@ def _entry_class(entry: object, i: int, path: Path) -> tuple[str, type | None, P
     kind = entry["type"]
     name = kind.rpartition(".")[2]
     known = kind.startswith("sentence_transformers.") and (name == "Transformer" or name in MODULE_TYPES)
+    if name in ("MLMTransformer", "SpladePooling", "SparseStaticEmbedding") and not entry.get("kwargs"):
+        raise CheckpointError(f"{path}: {name} makes a sparse (SPLADE) model, not a dense one: load it with "
+                              "btlib.pretrained.load_sparse (MLMTransformer + SpladePooling)")
     if not known or entry.get("kwargs"):
         what = f"module type {kind!r}" + (f" with kwargs {entry['kwargs']!r}" if known else "")
         raise CheckpointError(f"{path}: {what} (folder {entry['path']!r}) is not supported by btlib, which reads "
