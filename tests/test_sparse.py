@@ -41,7 +41,7 @@ def reference(folder, texts, batch_size):
 def test_encode_matches_sparse_encoder(tmp_path, pooling, activation, tied):
     folder = write_splade(tmp_path / "splade", pooling, activation, tie_word_embeddings=tied)
     model = load_sparse(folder)
-    assert model.head.pooling == pooling and model.head.activation == activation
+    assert model.splade.pooling == pooling and model.splade.activation == activation
     ref = reference(folder, TEXTS, 4)
     for batch_size in (1, 4):
         got = model.encode(TEXTS, batch_size=batch_size)
@@ -55,7 +55,7 @@ def test_encode_matches_sparse_encoder(tmp_path, pooling, activation, tied):
 def test_untied_decoder_is_read(tmp_path):
     folder = write_splade(tmp_path / "splade", tie_word_embeddings=False)
     model = load_sparse(folder)
-    assert not torch.equal(model.head.decoder_weight, model.encoder.embeddings.word.weight)
+    assert not torch.equal(model.splade.decoder_weight, model.embeddings.word.weight)
 
 
 def test_head_on_packed_states_equals_padded_reference():

@@ -3,6 +3,7 @@
     model = load_sparse("path/to/splade-folder")   # a folder SparseEncoder.save wrote (a BertForMaskedLM inside)
     v = model.encode(texts)                        # (N, vocab) float32 torch.sparse_coo, as SparseEncoder.encode
     v = model.encode(texts, convert_to_sparse_tensor=False)  # (N, vocab) float32 dense
+    rows = model.encode_tokens(model.tokens(texts))         # the same, dense: what btlib.serve's batcher runs
 
 The maths, as sentence-transformers 6.2 (modules/splade_pooling.py) and transformers' BertLMPredictionHead:
 
@@ -28,11 +29,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..padding import segment_ids, segment_sum
+from .architectures.bert import PretrainedEncoder, load_bert
 from .folders.checkpoint import CheckpointError, read_config
 from .folders.st_folder import FolderPlan
 from .st_modules import read_json
+from .tokens import Tokens
 
-__all__ = ["SpladeHead", "SparseModel", "load_sparse", "TOKEN_BLOCK", "SPLADE_POOLING", "SPLADE_ACTIVATIONS"]
+__all__ = ["SpladeHead", "SparseModel", "load_sparse", "is_sparse_folder", "TOKEN_BLOCK", "SPLADE_POOLING", "SPLADE_ACTIVATIONS"]
 
 TOKEN_BLOCK = 1024  # tokens per MLM-head block: (1024, V) fp32 logits, 125 MB at V = 30522
 SPLADE_POOLING = ("max", "sum")
@@ -85,38 +88,45 @@ class SpladeHead(nn.Module):
         return out
 
 
-class SparseModel:
-    """A SPLADE model: a btlib encoder (its packed forward) and its :class:`SpladeHead`. ``encode`` as SparseEncoder's."""
+class SparseModel(PretrainedEncoder):
+    """A SPLADE model: BERT's packed forward (a :class:`PretrainedEncoder`) and its :class:`SpladeHead` (``splade``).
 
-    def __init__(self, encoder, head: SpladeHead):
-        self.encoder, self.head = encoder, head
+    Its rows are SPLADE rows: ``encode`` as SparseEncoder.encode; ``encode_tokens(tokens)`` (N, V) float32 dense
+    (output "splade", the default: what a server's batcher runs) or output "token_embeddings" (total, d), the states
+    the SPLADE head reads. ``head`` (the pooled-row head the base class keeps: mean pooling) is not what this model
+    gives: its sentence embedding is the SPLADE row.
+    """
 
-    def __repr__(self) -> str:
-        return f"SparseModel({type(self.encoder).__name__}, {self.head!r})"
+    PATHS = ("packed", "packed_bf16")
+    OUTPUTS = ("splade", "token_embeddings")
+    splade: SpladeHead
 
     @property
     def vocab_size(self) -> int:
-        return self.head.vocab_size
+        return self.splade.vocab_size
 
-    @property
-    def max_length(self) -> int:
-        return self.encoder.max_length
-
-    def encode_tokens(self, tokens, *, batch_size: int = 32, precision: str | None = None) -> Tensor:
-        """Tokens (``self.encoder.tokens(texts)``) -> (N, V) float32 dense SPLADE rows, batch_size texts per forward."""
-        if tokens.chunks is not None:
-            raise ValueError("SPLADE rows of chunked tokens are not defined (long_inputs='chunk'); use 'truncate' or 'refuse'")
+    def encode_tokens(self, tokens: Tokens, *, batch_size: int = 32, path: str = "packed", precision: str | None = None,
+                      output: str = "splade", full_width: bool = False) -> Tensor:
+        """Tokens (``self.tokens(texts)``) -> (N, V) float32 dense SPLADE rows (output "splade"), batch_size texts per
+        forward; output "token_embeddings": (sum(tokens.lengths()), d) float32, the encoder's :meth:`encode_tokens`."""
+        if output == "token_embeddings":
+            return super().encode_tokens(tokens, batch_size=batch_size, path=path, precision=precision, output=output)
+        if output != "splade":
+            raise ValueError(f"output must be one of {self.OUTPUTS} for a SPLADE model; got {output!r}")
+        if not isinstance(tokens, Tokens) or tokens.chunks is not None:
+            raise ValueError("SPLADE rows take the unchunked Tokens that tokens(texts) gives (long_inputs 'truncate' or "
+                             "'refuse')")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
         rows = []
         with torch.inference_mode():
             for i in range(0, len(tokens), batch_size):
                 part = tokens[i:i + batch_size]
-                h = self.encoder.encode_tokens(part, batch_size=batch_size, precision=precision,
-                                               output="token_embeddings")  # (total, d) float32
+                h = super().encode_tokens(part, batch_size=batch_size, path=path, precision=precision,
+                                          output="token_embeddings")  # (total, d) float32
                 lengths = torch.tensor(part.lengths(), dtype=torch.int32)
                 cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # (B + 1,)
-                rows.append(self.head(h.float(), cu_seqlens))
+                rows.append(self.splade(h.float(), cu_seqlens))  # (B, V)
         return torch.cat(rows) if rows else torch.zeros(0, self.vocab_size)
 
     def encode(self, texts: Sequence[str | tuple[str, str]], *, batch_size: int = 32, prompt_name: str | None = None,
@@ -125,7 +135,7 @@ class SparseModel:
         """SparseEncoder.encode(texts): (N, V) float32, torch.sparse_coo (default) or dense.
 
         prompt / prompt_name: the folder's prompts, as SentenceEncoder.encode (every token is pooled, the prompt's
-        too, as SpladePooling does). precision: the forward's (None / "fp32", "bf16", "auto"); the head runs in
+        too, as SpladePooling does). precision: the forward's (None / "fp32", "bf16", "auto", "int8"); the head runs in
         fp32. long_inputs: "truncate" (default, as SparseEncoder) or "refuse". Any other SparseEncoder.encode option
         (max_active_dims, chunk_size, ...) is refused by name.
         """
@@ -138,9 +148,20 @@ class SparseModel:
             raise ValueError(f"convert_to_sparse_tensor must be true or false; got {convert_to_sparse_tensor!r}")
         if long_inputs not in ("truncate", "refuse"):
             raise ValueError(f"long_inputs must be 'truncate' or 'refuse' for a sparse model; got {long_inputs!r}")
-        rows = self.encode_tokens(self.encoder.tokens(texts, prompt_name=prompt_name, prompt=prompt,
-                                                      long_inputs=long_inputs), batch_size=batch_size, precision=precision)
+        rows = self.encode_tokens(self.tokens(texts, prompt_name=prompt_name, prompt=prompt, long_inputs=long_inputs),
+                                  batch_size=batch_size, precision=precision)
         return rows.to_sparse() if convert_to_sparse_tensor else rows
+
+
+def is_sparse_folder(folder: str | Path) -> bool:
+    """Whether ``folder``'s modules.json lists a SpladePooling (a SparseEncoder folder: :func:`load_sparse` reads it)."""
+    path = Path(folder) / "modules.json"
+    try:
+        entries = json.loads(path.read_text()) if path.is_file() else []
+    except (ValueError, UnicodeDecodeError, OSError):
+        return False  # the dense reader names what is wrong with it
+    return isinstance(entries, list) and any(isinstance(e, dict) and str(e.get("type", "")).endswith(".SpladePooling")
+                                             for e in entries)
 
 
 def _parse_modules(folder: Path) -> tuple[Path, Path]:
@@ -209,8 +230,6 @@ def load_sparse(folder: str | Path) -> SparseModel:
     Only BERT's MLM head (cls.predictions.transform + decoder, tied to the word embeddings or not, as config.json's
     tie_word_embeddings says) is read; another model_type's head, another module or option is refused by name.
     """
-    from .architectures.bert import load_bert
-
     folder = Path(folder)
     tdir, pdir = _parse_modules(folder)
     pooling, activation = _pooling(pdir)
@@ -219,7 +238,7 @@ def load_sparse(folder: str | Path) -> SparseModel:
     if c.get("model_type") != "bert":
         raise CheckpointError(f"{cpath}: model_type {c.get('model_type')!r}: btlib's sparse models read BERT's MLM head "
                               "(BertForMaskedLM) only; use sentence-transformers for this model")
-    encoder = load_bert(_plan(folder, tdir), config=config)
+    encoder = load_bert(_plan(folder, tdir), config=config, cls=SparseModel)
     sd, d = encoder._hf["unused"], encoder.spec.d_model
     tied = c.get("tie_word_embeddings", True)
     need = ["cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
@@ -244,4 +263,5 @@ def load_sparse(folder: str | Path) -> SparseModel:
         raise CheckpointError(f"{tdir}: decoder {tuple(E.shape)} and bias {tuple(bias.shape)} do not match vocab_size "
                               f"{c['vocab_size']} x hidden_size {d}")
     head = SpladeHead(dense, act, norm, E.float().clone(), bias.float().clone(), pooling, activation)
-    return SparseModel(encoder, head.eval().requires_grad_(False))
+    encoder.splade = head.eval().requires_grad_(False)
+    return encoder

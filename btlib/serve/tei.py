@@ -8,7 +8,10 @@
     POST /tokenize     {"inputs": str | [str], "add_special_tokens", "prompt_name"}
                         -> [[{"id", "text", "special", "start", "stop"}, ...], ...] (byte offsets into prompt + text)
     POST /decode       {"ids": [int] | [[int]], "skip_special_tokens"} -> [str, ...]
-    POST /embed_sparse 424: no sparse (SPLADE) model is served
+    POST /embed_sparse {"inputs", "truncate", "truncation_direction", "prompt_name"} -> [[{"index", "value"}, ...] per
+                        input]: a SPLADE model's nonzero weights (btlib.pretrained.sparse); 424 for a dense model. On a
+                        SPLADE model /embed answers its dense (vocab,) rows with normalize=false and 424 otherwise, and
+                        the dense routes (/embed_all, /similarity, /v1/embeddings) 424, as TEI does
     GET  /info         model_id, model_type, max_input_length, max_batch_tokens, ... (what can be stated truly)
     POST /             what TEI's root does for the model held: /embed (or /similarity for an {"inputs": {...}} body)
                         for an embedding model; /rerank (or /predict for an "inputs" body) for a reranker
@@ -26,6 +29,7 @@ import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from torch import Tensor
 
 from .._version import __version__
 from ..pretrained.encoding import check_text
@@ -42,6 +46,8 @@ def tei_routes(svc: Service) -> dict:
     """path -> (endpoint, the body model openapi() describes, or None for GET) for TEI's routes."""
 
     async def embed(body: TEIEmbedRequest, start: float) -> Response:
+        if svc.sparse:
+            return await embed_splade_dense(body, start)
         svc.holds("embedding")
         svc.check_dimensions(body.dimensions)
         svc.check_prompt(body.prompt_name)
@@ -65,11 +71,33 @@ def tei_routes(svc: Service) -> dict:
         return Response(text, media_type="application/json", headers=svc.timing(ran, start))
 
     async def embed_sparse(request: Request) -> Response:
-        await parse(request, TEIEmbedAllRequest)  # its fields are checked as TEI's, then the model is
-        svc.holds("embedding")
-        raise HTTPError(424, "/embed_sparse needs a sparse model (SPLADE: a sentence-transformers SparseEncoder folder, "
-                             "MLMTransformer + SpladePooling); this server holds a dense embedding model: use /embed",
-                        "backend")
+        start = time.perf_counter()
+        body = await parse(request, TEIEmbedAllRequest)  # its fields are checked as TEI's, then the model is
+        if not svc.sparse:
+            svc.holds("embedding")  # a reranker says so
+        svc.holds("sparse")
+        svc.check_prompt(body.prompt_name)
+        truncate = svc.truncation(body.truncation_direction, body.truncate)
+        ran = await svc.embed(body.inputs, truncate, "inputs", body.prompt_name, svc.output("splade", "/embed_sparse"))
+        text = await dumps(sparse_values(ran.rows), ran.rows.shape[0] > 8)
+        return Response(text, media_type="application/json", headers=svc.timing(ran, start))
+
+    async def embed_splade_dense(body: TEIEmbedRequest, start: float) -> Response:
+        """TEI's /embed on a SPLADE model (core/src/infer.rs, embed_pooled): normalize must be false, and the rows
+        are the dense (vocab,) weights; btlib's dimensions and long_inputs="chunk" are not defined for them."""
+        if body.normalize:
+            raise HTTPError(424, "`normalize` is not available for SPLADE models (as TEI): send normalize=false for the "
+                                 "dense (vocab,) rows, or POST /embed_sparse for the nonzero entries", "backend")
+        if body.dimensions is not None or body.long_inputs not in (None, "truncate", "refuse"):
+            raise HTTPError(422, "dimensions and long_inputs='chunk' are not defined for SPLADE rows; leave them out",
+                            "Validation")
+        svc.check_prompt(body.prompt_name)
+        truncate = svc.truncation(body.truncation_direction, body.truncate)
+        if body.long_inputs is not None:
+            truncate = body.long_inputs == "truncate"
+        ran = await svc.embed(body.inputs, truncate, "inputs", body.prompt_name, svc.output("splade", "/embed"))
+        text = await dumps(ran.rows.numpy().tolist(), ran.rows.numel() > 4096)
+        return Response(text, media_type="application/json", headers=svc.timing(ran, start))
 
     async def similarity(body: TEISimilarityRequest, start: float) -> Response:
         svc.holds("embedding")
@@ -169,6 +197,16 @@ def _root_body(svc: Service, data: dict):
     return TEISimilarityRequest if isinstance(data.get("inputs"), dict) else TEIEmbedRequest
 
 
+def sparse_values(rows: Tensor) -> list[list[dict]]:
+    """(N, V) float32 SPLADE rows -> TEI's /embed_sparse answer: per row its nonzero entries, by index,
+    [{"index": int, "value": float}, ...] (router/src/http/server.rs, sparsify)."""
+    out = []
+    for row in rows:
+        idx = row.nonzero().view(-1)  # (nnz,) int64, ascending
+        out.append([{"index": i, "value": v} for i, v in zip(idx.tolist(), row[idx].tolist())])
+    return out
+
+
 def _simple_tokens(enc, text: str) -> list[dict]:
     """TEI's SimpleToken list (core/src/tokenization.rs, into_tokens): a special token's text is the token and its
     offsets null; another's text is the bytes of ``text`` it spans, its start and stop byte offsets (the tokenizers
@@ -202,7 +240,7 @@ def _info(svc: Service) -> dict:
     else:
         head = getattr(svc.model, "head", None)
         modes = getattr(head.modules[0], "modes", None) if head is not None else None
-        kind = {"embedding": {"pooling": "+".join(modes)} if modes else {}}
+        kind = {"embedding": {"pooling": "splade" if svc.sparse else "+".join(modes)} if modes else {}}
     return {"model_id": svc.model_name, "model_dtype": dtype, "served_model_name": svc.model_name, "model_type": kind,
             "max_input_length": svc.model.max_length, "max_batch_tokens": svc.batcher.max_batch_tokens,
             "max_batch_requests": svc.batcher.max_batch_requests, "max_client_batch_size": svc.max_inputs,
