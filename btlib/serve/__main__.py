@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of one forward pass (~50 ms of MiniLM on 2 CPU threads)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait to fill")
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting at most; beyond: 429")
+    p.add_argument("--max-wait-s", type=float, default=None,
+                   help="refuse (429 at once) a request whose expected wait, tokens queued ahead and its own at the "
+                        "measured tokens/s, exceeds this (default: none; --max-queue stays the hard cap)")
     p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
     p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS, help="encode's precision")
     p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413 "
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                               max_queue=args.max_queue, precision=args.precision)
+                               max_queue=args.max_queue, precision=args.precision, max_wait_s=args.max_wait_s)
         name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
         app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
                          auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,

@@ -24,7 +24,9 @@ Scheduling (one worker thread; TEI's queue with infinity's short wait):
   requests that still fit the budget in arrival order. So short queries may fill the room a long
   passage leaves, but a request waits at most for the requests older than it: none starves.
 - A bounded queue, ``max_queue`` texts: a request that does not fit is refused at once with
-  :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound.
+  :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound; with
+  ``max_wait_s``, also a request whose expected wait (tokens queued ahead and its own, at the measured rate) is
+  longer (btlib.serve.admission). An accepted request is always answered.
 
 Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included, and the queue holds those
 ids; a batch is packed from them and the model runs them (``model.encode_tokens``), so the budget counts exactly the
@@ -45,50 +47,21 @@ business: with fp32 MKL on an AVX2 Zen 3 a row's last bits depend on the number 
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
 from ..precision import ENCODE_PRECISIONS, check_precision
 from ..pretrained.encoding import Tokens
-from .queue import InputTooLong, Item, Request, check_items, runs_tokens, take, tokenize
+from .admission import Overloaded, refusal
+from .queue import Encoder, InputTooLong, Item, Request, check_items, encode_batch, runs_tokens, take, tokenize
 from .stats import BatcherStats
 
 __all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "Encoder"]
-
-
-class Overloaded(RuntimeError):
-    """The queue is full: the request was refused and nothing of it was queued. Retry after ``retry_after_s``."""
-
-    def __init__(self, message: str, retry_after_s: int = 1):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class Encoder(Protocol):
-    """What BatchEncoder needs: btlib's PretrainedEncoder and ModernBertEncoder are ones.
-
-    tokenizer: a ``tokenizers.Tokenizer`` with truncation at ``max_length`` (counts tokens, finds overlong texts).
-    encode(texts, batch_size=, precision=) -> (len(texts), d) float32; texts are str, or (str, str) pairs
-    for a model that takes pairs (a PairScorer: d = 1, the logit).
-
-    Optional: ``tokens(texts, prompt_name=)`` and ``encode_tokens(tokens, batch_size=, precision=)`` (texts tokenized
-    once, at submit, and run from those ids: btlib's encoders and PairScorer have them); else ``encodings(texts,
-    prompt_name=)`` (the tokenizer's encodings as encode runs them, the prompt first; without it the tokenizer counts
-    the texts alone and prompt_name is refused),
-    ``PRECISIONS`` (the precisions encode takes; default btlib.precision.ENCODE_PRECISIONS) and ``WHO`` (the
-    model's name in the error for one it lacks).
-    """
-
-    tokenizer: object
-    max_length: int
-
-    def encode(self, texts: Sequence[Item], *, batch_size: int, precision: str | None) -> Tensor: ...
 
 
 def _positive(name: str, value, kind=int, allow_zero: bool = False) -> None:
@@ -105,13 +78,20 @@ class BatchEncoder:
     (a request bigger than it runs alone). max_wait_ms: how long a batch may wait to fill, >= 0.
     max_queue: texts waiting at most; more is refused with :class:`Overloaded`. max_batch_requests:
     requests per batch at most (None: only the token budget counts). precision: passed to ``encode``
+    max_wait_s: refuse a request whose expected wait, (tokens queued ahead + its tokens) / the measured tokens per
+    second, exceeds it (None: the count cap only; before the first batch measures a rate, the count cap only).
+    Not ``max_wait_ms``, which is how long a batch waits to fill. precision: passed to ``encode``
     (checked here, once, against the model's own ``PRECISIONS``: a server started with int8 on a family
     without an int8 twin is refused at start, not with an error at every request).
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 2.0, max_queue: int = 1024,
-                 max_batch_requests: int | None = None, precision: str | None = None):
+                 max_batch_requests: int | None = None, precision: str | None = None,
+                 max_wait_s: float | None = None):
         _positive("max_batch_tokens", max_batch_tokens)
+        if max_wait_s is not None and (isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float))
+                                       or not max_wait_s > 0):
+            raise ValueError(f"max_wait_s must be a number > 0 (seconds) or None; got {max_wait_s!r}")
         _positive("max_queue", max_queue)
         if max_batch_requests is not None:
             _positive("max_batch_requests", max_batch_requests)
@@ -123,7 +103,8 @@ class BatchEncoder:
         self.model = model
         self.precision = check_precision(precision, getattr(model, "PRECISIONS", ENCODE_PRECISIONS),
                                          who=getattr(model, "WHO", None) or type(model).__name__)
-        self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1e3, max_queue
+        self.max_batch_tokens, self.fill_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1e3, max_queue
+        self.max_wait_s = max_wait_s
         self.max_batch_requests = max_batch_requests
         self.stats = BatcherStats()
         self._queue: deque[Request] = deque()
@@ -172,6 +153,7 @@ class BatchEncoder:
         texts = check_items(texts)
         self._check_output(output, len(texts))
         start = time.perf_counter()
+        self.admit(len(texts))  # refused by what is queued ahead alone: no tokenizing
         if not texts:
             future: Future = Future()
             future.tokens, future.lengths, future.tokenize_s, future.queue_s, future.inference_s = 0, [], 0.0, 0.0, 0.0
@@ -209,10 +191,9 @@ class BatchEncoder:
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchEncoder is closed")
-            if self._queued_texts + len(texts) > self.max_queue:
+            if (refused := self._refusal(len(texts), tokens)) is not None:
                 self.stats.refuse()
-                raise Overloaded(f"queue full: {self._queued_texts} texts waiting (max_queue={self.max_queue}); retry later",
-                                 self._retry_after_s())
+                raise refused
             self._queue.append(Request(texts, tokens, arrival, future, prompt_name, ids, output))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
@@ -256,10 +237,23 @@ class BatchEncoder:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _retry_after_s(self) -> int:
-        """Seconds until the waiting tokens drain at the measured rate (at least 1): the Retry-After hint."""
-        rate = self.stats.tokens_per_s()
-        return max(1, math.ceil(self._queued_tokens / rate)) if rate else 1
+    def admit(self, n_texts: int) -> None:
+        """Raise :class:`Overloaded` (counted as a refusal) if ``n_texts`` more texts would be refused whatever their
+        tokens: the queue's count cap, or the expected wait of the tokens already queued past ``max_wait_s``. Cheap
+        (no tokenizing): :meth:`submit` and the HTTP server call it first; the check on the request's own tokens
+        follows when it is queued. More texts than max_queue pass here: :meth:`submit` refuses them by name."""
+        if n_texts > self.max_queue:
+            return
+        with self._cond:
+            refused = self._refusal(n_texts, 0)
+        if refused is not None:
+            self.stats.refuse()
+            raise refused
+
+    def _refusal(self, n_texts: int, tokens: int) -> Overloaded | None:
+        """btlib.serve.admission.refusal on the queue as it is now (lock held)."""
+        return refusal(queued_texts=self._queued_texts, queued_tokens=self._queued_tokens, texts=n_texts, tokens=tokens,
+                       max_queue=self.max_queue, max_wait_s=self.max_wait_s, tokens_per_s=self.stats.tokens_per_s())
 
     # -- the worker --------------------------------------------------------------------------
     def _full(self) -> bool:
@@ -280,33 +274,11 @@ class BatchEncoder:
                     self._cond.wait()
                 if not self._queue:
                     return  # closed and drained
-                deadline = self._queue[0].arrival + self.max_wait_s
+                deadline = self._queue[0].arrival + self.fill_wait_s
                 while not self._closed and not self._full() and (left := deadline - time.perf_counter()) > 0:
                     self._cond.wait(left)
                 batch = self._take()
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
-
-    def _encode(self, batch: list[Request]) -> list[Tensor]:
-        """Each request's (len(r.texts), d) rows: one forward per prompt in the batch (encode puts one prompt before all
-        its texts), so a batch of one prompt, the usual case, is one forward: ``encode_tokens`` of the ids tokenized
-        at submit, packed together (else ``encode`` of the texts)."""
-        groups: dict[tuple, list[Request]] = {}
-        for r in batch:  # token-id inputs carry no prompt: they join no prompted request's forward
-            key = (r.prompt_name, r.ids.prompt_length if r.ids is not None else None, r.output)
-            groups.setdefault(key, []).append(r)
-        rows: dict[int, Tensor] = {}
-        for (name, _, output), requests in groups.items():
-            if self._runs_tokens:
-                ids = Tokens.join([r.ids for r in requests])
-                kw = {} if output is None else {"output": output}
-                emb = self.model.encode_tokens(ids, batch_size=len(ids), precision=self.precision, **kw)  # (len(ids), d)
-            else:
-                texts = [t for r in requests for t in r.texts]
-                prompt = {} if name is None else {"prompt_name": name}
-                emb = self.model.encode(texts, batch_size=len(texts), precision=self.precision, **prompt)
-            sizes = [r.tokens if output == "token_embeddings" else len(r.texts) for r in requests]  # rows per request
-            rows.update(zip(map(id, requests), emb.split(sizes)))
-        return [rows[id(r)] for r in batch]
 
     def _run_batch(self, batch: list[Request]) -> None:
         """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
@@ -316,7 +288,7 @@ class BatchEncoder:
         texts = [t for r in batch for t in r.texts]
         t0 = time.perf_counter()
         try:
-            parts, error = self._encode(batch), None
+            parts, error = encode_batch(self.model, batch, self._runs_tokens, self.precision), None
         except Exception as e:  # noqa: BLE001 - the error belongs to the callers of this batch, not to the worker
             parts, error = None, e
         done = time.perf_counter()

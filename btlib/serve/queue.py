@@ -18,13 +18,38 @@ import inspect
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from torch import Tensor
 
 from ..pretrained.chunking import LONG_INPUTS
 from ..pretrained.encoding import Tokens, check_texts
 
-__all__ = ["Item", "InputTooLong", "Request", "check_items", "runs_tokens", "long_mode", "tokenize", "take"]
+__all__ = ["Item", "Encoder", "InputTooLong", "Request", "check_items", "runs_tokens", "long_mode", "tokenize", "take",
+           "encode_batch"]
 
 Item = str | tuple[str, str]  # a text, or a (query, text) pair
+
+
+class Encoder(Protocol):
+    """What BatchEncoder needs: btlib's PretrainedEncoder and ModernBertEncoder are ones.
+
+    tokenizer: a ``tokenizers.Tokenizer`` with truncation at ``max_length`` (counts tokens, finds overlong texts).
+    encode(texts, batch_size=, precision=) -> (len(texts), d) float32; texts are str, or (str, str) pairs
+    for a model that takes pairs (a PairScorer: d = 1, the logit).
+
+    Optional: ``tokens(texts, prompt_name=)`` and ``encode_tokens(tokens, batch_size=, precision=)`` (texts tokenized
+    once, at submit, and run from those ids: btlib's encoders and PairScorer have them); else ``encodings(texts,
+    prompt_name=)`` (the tokenizer's encodings as encode runs them, the prompt first; without it the tokenizer counts
+    the texts alone and prompt_name is refused),
+    ``PRECISIONS`` (the precisions encode takes; default btlib.precision.ENCODE_PRECISIONS) and ``WHO`` (the
+    model's name in the error for one it lacks).
+    """
+
+    tokenizer: object
+    max_length: int
+
+    def encode(self, texts: Sequence[Item], *, batch_size: int, precision: str | None) -> Tensor: ...
 
 
 class InputTooLong(ValueError):
@@ -139,3 +164,26 @@ def take(queue: deque[Request], budget: int, max_requests: int | None) -> tuple[
         else:
             rest.append(r)
     return batch, rest
+
+
+def encode_batch(model: Encoder, batch: list[Request], runs: bool, precision: str | None) -> list[Tensor]:
+    """Each request's (len(r.texts), d) rows: one forward per prompt in the batch (encode puts one prompt before all
+    its texts), so a batch of one prompt, the usual case, is one forward: ``encode_tokens`` of the ids tokenized
+    at submit, packed together (else ``encode`` of the texts)."""
+    groups: dict[tuple, list[Request]] = {}
+    for r in batch:  # token-id inputs carry no prompt: they join no prompted request's forward
+        key = (r.prompt_name, r.ids.prompt_length if r.ids is not None else None, r.output)
+        groups.setdefault(key, []).append(r)
+    rows: dict[int, Tensor] = {}
+    for (name, _, output), requests in groups.items():
+        if runs:
+            ids = Tokens.join([r.ids for r in requests])
+            kw = {} if output is None else {"output": output}
+            emb = model.encode_tokens(ids, batch_size=len(ids), precision=precision, **kw)  # (len(ids), d)
+        else:
+            texts = [t for r in requests for t in r.texts]
+            prompt = {} if name is None else {"prompt_name": name}
+            emb = model.encode(texts, batch_size=len(texts), precision=precision, **prompt)
+        sizes = [r.tokens if output == "token_embeddings" else len(r.texts) for r in requests]  # rows per request
+        rows.update(zip(map(id, requests), emb.split(sizes)))
+    return [rows[id(r)] for r in batch]

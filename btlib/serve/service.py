@@ -190,7 +190,7 @@ class Service:
             self._count(inputs, field, "inputs")
             tokens = self.token_ids(inputs, truncate, field)
             return await self._submit(functools.partial(self.batcher.submit_tokens, tokens, output=output), field,
-                                      sum(len(r) for r in inputs), sum(len(r) for r in inputs) > OFF_LOOP_BYTES // 4)
+                                      sum(len(r) for r in inputs), sum(len(r) for r in inputs) > OFF_LOOP_BYTES // 4, len(inputs))
         return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output, chunk_overlap=chunk_overlap)
 
     def _count(self, items: list, field: str, noun: str) -> None:
@@ -210,10 +210,13 @@ class Service:
             chunk_overlap = self.chunk_overlap
         submit = functools.partial(self.batcher.submit, items, truncate=truncate, prompt_name=prompt_name, output=output,
                                    chunk_overlap=chunk_overlap)
-        return await self._submit(submit, field, chars, chars > OFF_LOOP_BYTES // 4)
+        return await self._submit(submit, field, chars, chars > OFF_LOOP_BYTES // 4, len(items))
 
-    async def _submit(self, submit, field: str, chars: int, big: bool) -> Ran:
+    async def _submit(self, submit, field: str, chars: int, big: bool, n: int) -> Ran:
+        """``submit()`` (off the event loop when ``big``) of ``n`` inputs, its refusals as HTTP errors. The batcher's
+        admit runs first, on the loop: a request the queue ahead already refuses gets its 429 before any tokenizing."""
         try:
+            self.batcher.admit(n)
             future = await asyncio.get_running_loop().run_in_executor(None, submit) if big else submit()
         except Overloaded as e:
             raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
