@@ -33,6 +33,7 @@ The package by what each file owns:
                       encode's checks; prompts.py: sentence-transformers' prompts)
     outputs.py        after the head: truncate_dim, normalize_embeddings, output_precision (int8 / uint8 / binary)
     sparse.py         SPLADE: a SparseEncoder folder's MLM head + SpladePooling on the packed forward's token states
+    late_interaction.py  ColBERT's MaxSim over token vectors (encode_tokens' "token_embeddings", /embed_all's)
     chunking.py       long_inputs: refuse, truncate or chunk a text past max_length and pool its chunks
     coverage.py       the registry of families, one row each: the model_types it loads and its loader (load_pretrained
                       reads config.json once and calls the row's), what it is checked against, at which precisions

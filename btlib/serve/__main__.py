@@ -9,7 +9,9 @@ Needs the ``serve`` extra (fastapi, uvicorn).
 
 A folder whose config.json names a *ForSequenceClassification architecture is served as a reranker
 (btlib.load_reranker: POST /rerank, /predict, and POST / as TEI's root), as text-embeddings-inference decides; any
-other as an embedding model (TEI's /embed, /embed_all, /similarity, POST /; OpenAI's /v1/embeddings). Both answer
+SparseEncoder (SPLADE) folder as a sparse model (btlib.pretrained.load_sparse: POST /embed_sparse, and /embed with
+normalize=false, as TEI's --pooling splade); any
+other as an embedding model (TEI's /embed, /embed_all, /similarity, POST /; OpenAI's /v1/embeddings). All answer
 /tokenize, /decode and /info (btlib.serve.app lists the routes).
 
 It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network: set an API key), and answers only
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from ..pretrained import load_pretrained, load_reranker
+    from ..pretrained.sparse import is_sparse_folder, load_sparse
     from .app import allowed_host_names, bind, create_app, server_config
     from .batcher import BatchEncoder
     from .rerank import PairScorer, is_reranker_folder
@@ -92,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # a server's batches reuse their activations' memory (btlib.memory; a no-op off glibc)
     try:
         rerank = args.model is not None and is_reranker_folder(args.model)
-        model = PairScorer(load_reranker(args.model)) if rerank else load_pretrained(args.model)
+        sparse = args.model is not None and is_sparse_folder(args.model)  # SPLADE: POST /embed_sparse
+        model = PairScorer(load_reranker(args.model)) if rerank else load_sparse(args.model) if sparse else \
+            load_pretrained(args.model)
     except ValueError as e:  # CheckpointError or PairScorer's num_labels: a folder btlib cannot serve, said without a traceback
         print(f"python -m btlib.serve: {e}", file=sys.stderr)
         return 2

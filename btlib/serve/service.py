@@ -69,6 +69,7 @@ class Service:
         self.width = head.output_dim(spec.d_model) if head is not None and spec is not None and hasattr(head, "output_dim") else None
         self.unit = self.normalizes and not getattr(head, "truncate_dim", None)  # rows of length 1 as they come
         self.outputs = getattr(model, "OUTPUTS", ()) if getattr(batcher, "_runs_tokens", False) else ()
+        self.sparse = "splade" in self.outputs  # a SPLADE model (btlib.pretrained.sparse): its rows are (vocab,) weights
 
     @functools.cached_property
     def vocab(self) -> int:
@@ -87,6 +88,14 @@ class Service:
         if kind == "reranker" and not self.reranker:
             raise HTTPError(424, "this server holds an embedding model, not a reranker: for /rerank and /predict start "
                                  "python -m btlib.serve --model FOLDER with a *ForSequenceClassification folder", "backend")
+        if kind == "sparse" and not self.sparse:
+            raise HTTPError(424, "/embed_sparse needs a sparse model (SPLADE: a sentence-transformers SparseEncoder "
+                                 "folder, MLMTransformer + SpladePooling); this server holds a dense embedding model: use "
+                                 "/embed", "backend")
+        if kind == "embedding" and self.sparse:  # TEI's SPLADE model answers /embed_sparse (and /embed, normalize=false)
+            raise HTTPError(424, "this server holds a sparse (SPLADE) model: POST /embed_sparse gives its vectors "
+                                 "(TEI's /embed with normalize=false their dense (vocab,) rows); dense-embedding routes "
+                                 "are not available for it", "backend")
         if kind == "embedding" and self.reranker:
             raise HTTPError(424, "this server holds a reranker (cross-encoder): POST /rerank scores (query, text) pairs, "
                                  "/predict [query, text] pairs; for embeddings start python -m btlib.serve with an "
