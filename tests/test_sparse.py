@@ -1,7 +1,8 @@
 """btlib.pretrained.sparse: SPLADE folders that sentence-transformers' SparseEncoder saves, encoded on the packed path.
 
 Checks: SparseModel.encode equals SparseEncoder.encode within 1e-5 (relative to the rows' scale) for max and sum
-pooling, relu and log1p_relu, tied and untied decoders, odd lengths, batch 1 and a text of one word token;
+pooling, relu and log1p_relu, tied and untied decoders, odd lengths, batch 1 and a text of one word token, and
+with max_active_dims;
 SpladeHead on packed states equals the padded, masked reference for lengths [1, 97, 3]; what btlib does not run is
 refused by name. Tiny random folders, written offline by transformers and sentence-transformers themselves.
 """
@@ -52,6 +53,16 @@ def test_encode_matches_sparse_encoder(tmp_path, pooling, activation, tied):
     assert not one.is_sparse and torch.allclose(one, reference(folder, ["W4"], 1), atol=1e-5, rtol=0)
 
 
+def test_max_active_dims_as_sparse_encoder(tmp_path):
+    from sentence_transformers import SparseEncoder
+
+    folder = write_splade(tmp_path / "splade")
+    ref = SparseEncoder(str(folder), device="cpu").encode(TEXTS, max_active_dims=5, convert_to_tensor=True).to_dense()
+    got = load_sparse(folder).encode(TEXTS, max_active_dims=5)
+    assert got.to_dense().ne(0).sum(-1).tolist() == ref.ne(0).sum(-1).tolist() == [5] * len(TEXTS)
+    assert torch.allclose(got.to_dense(), ref, atol=1e-5, rtol=0)
+
+
 def test_untied_decoder_is_read(tmp_path):
     folder = write_splade(tmp_path / "splade", tie_word_embeddings=False)
     model = load_sparse(folder)
@@ -79,8 +90,10 @@ def test_head_on_packed_states_equals_padded_reference():
 def test_refusals_name_what_is_not_run(tmp_path):
     folder = write_splade(tmp_path / "splade")
     model = load_sparse(folder)
+    with pytest.raises(ValueError, match="chunk_size"):
+        model.encode(TEXTS, chunk_size=8)
     with pytest.raises(ValueError, match="max_active_dims"):
-        model.encode(TEXTS, max_active_dims=8)
+        model.encode(TEXTS, max_active_dims=0)
     with pytest.raises(ValueError, match="long_inputs"):
         model.encode(TEXTS, long_inputs="chunk")
     cfg = folder / "1_SpladePooling" / "config.json"

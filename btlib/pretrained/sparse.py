@@ -43,7 +43,7 @@ SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 _ACTS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 # SparseEncoder.encode's options btlib does not run: refused by name, never ignored
-_UNSUPPORTED = ("max_active_dims", "chunk_size", "pool", "device", "task", "show_progress_bar", "save_to_cpu",
+_UNSUPPORTED = ("chunk_size", "pool", "device", "task", "show_progress_bar", "save_to_cpu",
                 "convert_to_numpy", "convert_to_tensor", "output_value", "normalize_embeddings", "truncate_dim")
 
 
@@ -131,25 +131,33 @@ class SparseModel(PretrainedEncoder):
 
     def encode(self, texts: Sequence[str | tuple[str, str]], *, batch_size: int = 32, prompt_name: str | None = None,
                prompt: str | None = None, convert_to_sparse_tensor: bool = True, precision: str | None = None,
-               long_inputs: str = "truncate", **unsupported) -> Tensor:
+               long_inputs: str = "truncate", max_active_dims: int | None = None, **unsupported) -> Tensor:
         """SparseEncoder.encode(texts): (N, V) float32, torch.sparse_coo (default) or dense.
 
         prompt / prompt_name: the folder's prompts, as SentenceEncoder.encode (every token is pooled, the prompt's
         too, as SpladePooling does). precision: the forward's (None / "fp32", "bf16", "auto", "int8"); the head runs in
-        fp32. long_inputs: "truncate" (default, as SparseEncoder) or "refuse". Any other SparseEncoder.encode option
-        (max_active_dims, chunk_size, ...) is refused by name.
+        fp32. long_inputs: "truncate" (default, as SparseEncoder) or "refuse". max_active_dims: keep each row's k
+        largest weights and zero the rest (sentence-transformers' select_max_active_dims: torch.topk, so ties at the
+        k-th weight break as topk breaks them). Any other SparseEncoder.encode option (chunk_size, pool, device, ...)
+        is refused by name.
         """
         if unsupported:
             known = [k for k in unsupported if k in _UNSUPPORTED]
             raise ValueError(f"SparseModel.encode does not support {sorted(unsupported)}"
                              + (" (SparseEncoder.encode options btlib does not run; use sentence-transformers)" if known
                                 else ""))
+        if max_active_dims is not None and (isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int)
+                                            or max_active_dims < 1):
+            raise ValueError(f"max_active_dims must be a positive integer or None; got {max_active_dims!r}")
         if not isinstance(convert_to_sparse_tensor, bool):
             raise ValueError(f"convert_to_sparse_tensor must be true or false; got {convert_to_sparse_tensor!r}")
         if long_inputs not in ("truncate", "refuse"):
             raise ValueError(f"long_inputs must be 'truncate' or 'refuse' for a sparse model; got {long_inputs!r}")
         rows = self.encode_tokens(self.tokens(texts, prompt_name=prompt_name, prompt=prompt, long_inputs=long_inputs),
                                   batch_size=batch_size, precision=precision)
+        if max_active_dims is not None:  # rows are >= 0: the largest weights are the largest |weights|
+            top = rows.topk(min(max_active_dims, rows.shape[1]), dim=-1).indices  # (N, k)
+            rows = torch.zeros_like(rows).scatter_(-1, top, rows.gather(-1, top))
         return rows.to_sparse() if convert_to_sparse_tensor else rows
 
 
