@@ -6,8 +6,9 @@ Routes, by API (each module's docstring gives the bodies and answers):
     btlib.serve.rerank_routes  TEI: POST /rerank /predict; Cohere / Jina: POST /rerank (a "documents" body), /v1/rerank
     btlib.serve.openai_routes  OpenAI: POST /v1/embeddings (and TEI's /embeddings), GET /v1/models
     here                       GET /health and GET / (200 {"status": "ok"}, never behind the API key, for load
-                               balancers), GET /metrics (Prometheus text: requests, refusals, queue depth, batch
-                               tokens, latency quantiles)
+                               balancers), GET /metrics (Prometheus text: btlib's requests, refusals, queue depth,
+                               batch tokens, latency quantiles; TEI's te_* counters by route and status and
+                               its duration / length / batch histograms, btlib.serve.metrics)
 
 A server holds one model: an embedding model answers the embedding routes, a cross-encoder (a
 :class:`btlib.serve.rerank.PairScorer` as the batcher's model) answers /rerank and /predict; the other routes
@@ -53,7 +54,8 @@ from .bodies import answers
 from .guards import (LOOPBACK_HOSTS, PAYLOAD_LIMIT, APIKey, BodyLimit, HostCheck, HTTPError, allowed_host_names,
                      check_api_key, error_response)
 from .extras import require
-from .stats import prometheus_text
+from .metrics import CountAnswers
+from .stats import prometheus_text, tei_batch_text
 
 require("fastapi", "serve")
 require("uvicorn", "serve")
@@ -145,6 +147,8 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     # handling, dependency solving, telemetry hooks) cost 0.05 ms of server CPU per request more (POST
     # /v1/embeddings through the app alone: 0.204 -> 0.157 ms, 2-core Intel Xeon). openapi() keeps /docs complete.
     routes = {**tei_routes(svc), **rerank_routes(svc), **openai_routes(svc)}
+    # outermost: every answer is counted by route and status, the Host check's, the key's and the body limit's too
+    app.add_middleware(CountAnswers, counts=svc.metrics.counts, names={p: p.strip("/").replace("/", "_") or "root" for p in routes})
     for path, (endpoint, _, method) in routes.items():
         app.router.add_route(path, answers(endpoint), methods=[method], name=endpoint.__name__)
 
@@ -171,7 +175,9 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(prometheus_text(batcher.snapshot()), media_type="text/plain; version=0.0.4")
+        snap = batcher.snapshot()
+        text = prometheus_text(snap) + tei_batch_text(batcher.stats, snap["queue_requests"]) + "\n".join(svc.metrics.lines()) + "\n"
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
 

@@ -38,6 +38,7 @@ from .batcher import BatchEncoder, InputTooLong, Overloaded
 from .queue import long_mode
 from .bodies import OFF_LOOP_BYTES
 from .guards import HTTPError
+from .metrics import RequestMetrics
 
 __all__ = ["Service", "Ran"]
 
@@ -60,6 +61,7 @@ class Service:
         self.max_inputs, self.long_inputs, self.chunk_overlap = max_inputs, long_mode(long_inputs), chunk_overlap
         self.auto_truncate = self.long_inputs == "truncate"  # what a route that cannot chunk does by default
         self.started = int(time.time())
+        self.metrics = RequestMetrics()  # TEI's request histograms and answer counters (GET /metrics)
         model = self.model
         self.reranker = bool(getattr(model, "scores_pairs", False))  # a PairScorer (or a wrapper forwarding it)
         head, spec = getattr(model, "head", None), getattr(model, "spec", None)
@@ -237,13 +239,15 @@ class Service:
             raise HTTPError(503, str(e), "unavailable") from None
         return Ran(await asyncio.wrap_future(future), future, chars)
 
-    @staticmethod
-    def timing(ran: Ran, start: float, mode: str | None = None) -> dict[str, str]:
+    def timing(self, ran: Ran, start: float, mode: str | None = None) -> dict[str, str]:
         """TEI's headers (router/src/lib.rs, ResponseMetadata): whole milliseconds, as TEI writes them. compute and
         total time run from the route's start (``start``: time.perf_counter()) to now; the others are what the batcher
         measured for this request (btlib.serve.batcher.BatchEncoder.submit). x-compute-tokens: every token that ran
-        (chunks included). mode "chunk" adds btlib's x-compute-chunks: the sequences that ran."""
-        f, total = ran.future, f"{int((time.perf_counter() - start) * 1e3)}"
+        (chunks included). mode "chunk" adds btlib's x-compute-chunks: the sequences that ran. The same times go to
+        TEI's histograms (:attr:`metrics`)."""
+        f, total_s = ran.future, time.perf_counter() - start
+        self.metrics.observe(total_s, f.tokenize_s, f.queue_s, f.inference_s, f.tokens)
+        total = f"{int(total_s * 1e3)}"
         chunks = {"x-compute-chunks": str(sum(getattr(f, "chunks", ())))} if mode == "chunk" else {}
         return {"x-compute-time": total, "x-total-time": total, "x-tokenization-time": f"{int(f.tokenize_s * 1e3)}",
                 "x-queue-time": f"{int(f.queue_s * 1e3)}", "x-inference-time": f"{int(f.inference_s * 1e3)}",

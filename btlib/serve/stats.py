@@ -11,7 +11,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["BatcherStats", "percentile", "percentile_interval", "supported_percentile", "MIN_TAIL", "prometheus_text"]
+from .metrics import BATCH_SIZE_BUCKETS, LENGTH_BUCKETS, Histogram
+
+__all__ = ["BatcherStats", "percentile", "percentile_interval", "supported_percentile", "MIN_TAIL", "prometheus_text",
+           "tei_batch_text"]
 
 MIN_TAIL = 5  # requests that must lie beyond a percentile for a trial to measure it (p99: 500 requests, p95: 100)
 
@@ -65,6 +68,8 @@ class BatcherStats:
     _batch_tokens: deque = field(default_factory=deque)
     _batch_texts: deque = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    batch_size_hist: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))  # TEI's te_batch_next_size
+    batch_tokens_hist: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))  # te_batch_next_tokens
 
     def __post_init__(self):
         self._latency_ms = deque(maxlen=self.window)
@@ -90,6 +95,9 @@ class BatcherStats:
             self._batch_tokens.append(n_tokens)
             self._batch_texts.append(n_texts)
             self._latency_ms.extend(latencies_ms)
+        if n_tokens:  # a failed batch's retry counts its tokens when it runs
+            self.batch_size_hist.observe(n_texts)
+            self.batch_tokens_hist.observe(n_tokens)
 
     def tokens_per_s(self) -> float | None:
         """Tokens per second of model time so far (None before the first batch): how fast the queue drains."""
@@ -134,4 +142,13 @@ def prometheus_text(snap: dict, prefix: str = "btlib_serve") -> str:
         for q, key, scale in points:
             if snap.get(key) is not None:
                 lines.append(f'{prefix}_{name}{{quantile="{q / 100:g}"}} {snap[key] * scale:g}')
+    return "\n".join(lines) + "\n"
+
+
+def tei_batch_text(stats: BatcherStats, queue_requests: int) -> str:
+    """TEI's queue and batch metrics of a batcher: te_queue_size (requests waiting), te_batch_next_size and
+    te_batch_next_tokens (histograms of the texts and tokens of each forward pass)."""
+    lines = ["# HELP te_queue_size requests waiting in the queue", "# TYPE te_queue_size gauge", f"te_queue_size {queue_requests}"]
+    lines += stats.batch_size_hist.lines("te_batch_next_size", "texts per forward pass")
+    lines += stats.batch_tokens_hist.lines("te_batch_next_tokens", "tokens per forward pass")
     return "\n".join(lines) + "\n"
