@@ -66,7 +66,7 @@ def test_refused_by_expected_wait_accepted_under_it_and_every_accepted_answered(
         b.submit([text])
     assert e.value.retry_after_s == 1 and b.queue_depth() == (fit, fit)  # nothing of the refused request queued
     held.gate.set()
-    b.close(30)
+    b.close()  # no timeout: a first forward may measure GEMM paths for a while (btlib.hardware)
     assert all(f.done() and f.exception() is None and f.result().shape == (1, 384) for f in [running, *accepted])
     snap = b.snapshot()
     assert (snap["requests"], snap["refused"]) == (fit + 1, 1)
@@ -79,7 +79,7 @@ def test_before_a_rate_is_measured_only_the_count_cap_refuses(model):
     with pytest.raises(Overloaded, match="queue full"):
         b.submit(["x"])
     held.gate.set()
-    b.close(30)
+    b.close()  # no timeout: a first forward may measure GEMM paths for a while (btlib.hardware)
     assert all(f.exception() is None for f in [running, *accepted])
 
 
@@ -94,7 +94,7 @@ def test_refused_before_any_tokenizing_when_the_queue_ahead_already_waits_too_lo
         b.submit(["tiny"])
     assert tokenized == [] and b.queue_depth() == (1, 1)
     held.gate.set()
-    b.close(30)
+    b.close()  # no timeout: a first forward may measure GEMM paths for a while (btlib.hardware)
     assert ahead.exception() is None and running.exception() is None
 
 
@@ -126,3 +126,12 @@ def test_http_429_with_retry_after_before_tokenizing(model):
         held.gate.set()
         server.stop()
     assert ahead.exception() is None and running.exception() is None
+
+
+@needs_model
+@pytest.mark.skipif(missing("fastapi", "serve") is not None, reason=str(missing("fastapi", "serve")))
+def test_cli_refuses_a_bad_max_wait_s_by_name(capsys):
+    from btlib.serve.__main__ import main
+
+    assert main(["--max-wait-s", "0", "--port", "0"]) == 2
+    assert "max_wait_s must be a number > 0" in capsys.readouterr().err
