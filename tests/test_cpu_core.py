@@ -44,7 +44,7 @@ def core_checks(request, tmp_path_factory):
     and this machine can make; a future's result() is the summary line, or raises _compile_and_run's
     AssertionError (the compiler's or the run's output)."""
     wanted = {item.callspec.params["isa"] if hasattr(item, "callspec") else "neon"
-              for item in request.session.items if item.module is request.module}
+              for item in request.session.items if getattr(item, "module", None) is request.module}
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = {}
         if "neon" in wanted and HAS_CROSS and HAS_QEMU:

@@ -32,7 +32,7 @@ def built(request):
 
     from btlib.kernels import _build
 
-    selected = [item for item in request.session.items if item.module is request.module]
+    selected = [item for item in request.session.items if getattr(item, "module", None) is request.module]
     isas = {item.callspec.params["isa"] for item in selected if "isa" in getattr(getattr(item, "callspec", None), "params", {})}
     needed = dict.fromkeys([build.isa(), *(isa for isa in build.runnable() if isa in isas)])  # the registered build first
     calls = [f"build.load({isa!r})" for isa in needed if _build.needs_build(build._name(isa), [*build.SOURCES, *build.HEADERS])]

@@ -83,7 +83,7 @@ def cuda_compiles(request, tmp_path_factory):
     Only a compile whose test is selected starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    wanted = {item.originalname for item in request.session.items if item.module is request.module}
+    wanted = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = {}
         if "test_cuda_kernel_compiles_with_nvcc" in wanted and build.nvcc() is not None:
