@@ -1,6 +1,6 @@
 """A packed dynamic batcher: many callers' texts, one padding-free forward pass per batch.
 
-    batcher = BatchEncoder(btlib.load_pretrained(), max_batch_tokens=512, max_wait_ms=2)
+    batcher = BatchEncoder(btlib.load_pretrained(), max_batch_tokens=512)
     emb = batcher.encode(["what is packing?"])        # (1, 384) float32, blocking
     fut = batcher.submit(["a", "b"])                   # concurrent.futures.Future of a (2, 384) tensor
     emb = await batcher.aencode(["from asyncio"])      # inside a coroutine
@@ -11,15 +11,18 @@ Why packing matters here: a server's requests arrive with mixed lengths. A padde
 8,192 tokens instead of 566; btlib's ``encode`` packs the texts (``cu_seqlens``) and pays only the
 real tokens, so the batcher can form batches by a token budget, as text-embeddings-inference does.
 
-Scheduling (one worker thread; TEI's queue with infinity's short wait):
+Scheduling (one worker thread; TEI's queue):
 
 - Batches fill by a token budget, ``max_batch_tokens`` (and at most ``max_batch_requests`` requests).
   The default, 512, is a CPU budget: a forward costs a fixed part plus a part per token (notebook 09 fits
   both on the machine at hand), and at 512 tokens the per-token part dominates while a full batch stays a
   few tens of milliseconds on 2 CPU threads, so p99 stays within a few batch times; TEI's 16384 is a GPU
   budget (on a CPU, a batch of a second or more).
-- A batch waits at most ``max_wait_ms`` after its oldest request arrived for more requests; 0 waits
-  nowhere (TEI). The worker is busy during a forward, so under load batches fill without waiting.
+- A batch waits at most ``max_wait_ms`` after its oldest request arrived for more requests; 0, the default, waits
+  nowhere (TEI). The worker is busy during a forward, so under load batches fill without waiting, and a batch that
+  waits for company it does not need only adds to its latency: with 2 ms of waiting, the batcher's p50 at 192 short
+  queries/s was 6.9-7.4 ms against 5.0-6.0 ms without, and at 512 queries/s, near the knee, p99 92-194 ms against
+  56-82 (MiniLM, 2 threads, AMD EPYC Zen 4, two rounds each: ``python tests/probe_half_load.py``).
 - FIFO with an age bound: every batch starts with the oldest waiting request, then takes the later
   requests that still fit the budget in arrival order. So short queries may fill the room a long
   passage leaves, but a request waits at most for the requests older than it: none starves.
@@ -27,6 +30,12 @@ Scheduling (one worker thread; TEI's queue with infinity's short wait):
   :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound; with
   ``max_wait_s``, also a request whose expected wait (tokens queued ahead and its own, at the measured rate) is
   longer (btlib.serve.admission). An accepted request is always answered.
+
+One OpenMP pool (btlib.openmp): the worker thread runs every forward, so the thread that builds the batcher (the one
+that loaded and warmed the model) releases its own OpenMP pool at start. Two pools on 2 CPUs put libgomp's waits in
+its throttled mode (a sleep and a wake per parallel region), which made a one-query forward take 7.4 ms in the worker
+against 3.3 ms in the main thread (MiniLM, AMD EPYC Zen 4, 2 cores). A caller that runs torch in that thread later
+starts a new pool, and with it the slow mode, until the next batcher starts.
 
 Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included, and the queue holds those
 ids; a batch is packed from them and the model runs them (``model.encode_tokens``), so the budget counts exactly the
@@ -55,6 +64,7 @@ from typing import Sequence
 
 from torch import Tensor
 
+from ..openmp import release_caller_pool
 from ..precision import ENCODE_PRECISIONS, check_precision
 from ..pretrained.encoding import Tokens
 from .admission import Overloaded, refusal
@@ -85,7 +95,7 @@ class BatchEncoder:
     without an int8 twin is refused at start, not with an error at every request).
     """
 
-    def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 2.0, max_queue: int = 1024,
+    def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 0.0, max_queue: int = 1024,
                  max_batch_requests: int | None = None, precision: str | None = None,
                  max_wait_s: float | None = None):
         _positive("max_batch_tokens", max_batch_tokens)
@@ -113,6 +123,9 @@ class BatchEncoder:
         self._queued_tokens = 0
         self._closed = False
         self._cond = threading.Condition()
+        # The worker's forwards get their own OpenMP pool; the constructing thread's (it loaded the model) would make
+        # the process's OpenMP threads outnumber the CPUs, and libgomp then all but stops spinning (btlib.openmp).
+        release_caller_pool()
         self._worker = threading.Thread(target=self._run, name="btlib-batch-encoder", daemon=True)
         self._worker.start()
 

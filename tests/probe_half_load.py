@@ -1,0 +1,60 @@
+"""Latency at light load, side by side: ``python tests/probe_half_load.py [--rates-queries 192,256 --rates-mixed 16,48]``.
+
+Each server of notebook 09's comparison (btlib.bench.serve_load.make_batcher: one worker behind ``submit``), in this one
+process, on the same Poisson arrivals of one text each (btlib.serve.load.run_load): btlib's packed batcher with a
+2 ms fill wait and without one (the default), the TEI-style ONNX Runtime padded batcher (<= 8 per batch) and ONNX
+Runtime one request per forward. Each rate runs every server twice, the second round in reverse order (ABBA), after a
+0.5 s warm-up of the same server; every trial offers at least ``--requests`` (500: p99 is measured). Prints p50 / p99
+in ms and refusals. The default rates are half of notebook 09's measured maximum for the packed batcher (256 short
+queries/s, 48 mixed) and for the TEI-style batcher (192, 16), so every server runs at each one's half load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from btlib.bench.serve_load import LABELS, _backend, _model, make_batcher, why_not_available
+from btlib.serve.load import run_load, workload
+
+
+def make(method: str):
+    if method.startswith("packed_wait_"):
+        return make_batcher("packed_fp32", max_wait_ms=float(method.removeprefix("packed_wait_")))
+    return make_batcher(method)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rates-queries", default="192,256")
+    p.add_argument("--rates-mixed", default="16,48")
+    p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    methods = ["packed_wait_2", "packed_wait_0"]
+    if why_not_available("tei_ort_padded") is None:
+        methods += ["tei_ort_padded", "ort_per_request"]
+        _backend("ort")
+    _model()
+    texts = {"queries": workload("queries", 512, seed=1), "mixed": workload("mixed", 512, seed=1)}
+    rates = {"queries": args.rates_queries, "mixed": args.rates_mixed}
+    for wl, rs in rates.items():
+        for rate in (float(r) for r in rs.split(",")):
+            for rnd in range(2):
+                for m in methods if rnd == 0 else methods[::-1]:
+                    b = make(m)
+                    run_load(b.submit, texts[wl], rate, 0.5, seed=9)  # warm-up: first batches of each size
+                    r = run_load(b.submit, texts[wl], rate, 1.0, seed=2 + rnd, min_requests=args.requests)
+                    b.close()
+                    label = LABELS.get(m, f"packed batcher fp32, max_wait_ms={m.removeprefix('packed_wait_')}")
+                    print(f"{wl:8s} {rate:5.0f} req/s  {label:45s} p50 {r['p50_ms']:7.1f}  p99 {r['p99_ms']:7.1f} ms"
+                          f"  refused {r['refused']}  lost {r['lost']}", flush=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads")
+
+
+if __name__ == "__main__":
+    main()
