@@ -144,7 +144,7 @@ def _backend(kind: str):
     return PaddedTransformers(model, folder) if kind == "transformers" else OrtPadded(model, folder)
 
 
-def make_batcher(method: str, *, max_queue: int = MAX_QUEUE, max_batch_tokens: int = 512, max_wait_ms: float = 2.0) -> BatchEncoder:
+def make_batcher(method: str, *, max_queue: int = MAX_QUEUE, max_batch_tokens: int = 512, max_wait_ms: float = 0.0) -> BatchEncoder:
     """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed batchers."""
     model, _ = _model()
     packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue)
@@ -173,7 +173,7 @@ def _http_server(inputs) -> Iterator[tuple]:
     from ..serve.client import HttpEncoder
     from ..serve.remote import ServerProcess
 
-    with ServerProcess(model=_model()[1], max_batch_tokens=512, max_wait_ms=2.0, max_queue=MAX_QUEUE,
+    with ServerProcess(model=_model()[1], max_batch_tokens=512, max_wait_ms=0.0, max_queue=MAX_QUEUE,
                        threads=torch.get_num_threads()) as server:
         with HttpEncoder(server.url, max_connections=2 * MAX_QUEUE + 16) as client:
             yield server, client

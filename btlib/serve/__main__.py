@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free port; the address is printed)")
     p.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of one forward pass (~50 ms of MiniLM on 2 CPU threads)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch may wait to fill")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long a batch may wait to fill (0: it runs what is queued when the worker is free, as TEI)")
     p.add_argument("--max-queue", type=int, default=1024, help="texts waiting at most; beyond: 429")
     p.add_argument("--max-wait-s", type=float, default=None,
                    help="refuse (429 at once) a request whose expected wait, tokens queued ahead and its own at the "

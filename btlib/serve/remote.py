@@ -46,7 +46,7 @@ class ServerProcess:
     the process, which releases the port. A server that fails to start raises with its stderr's end.
     """
 
-    def __init__(self, *, model: str | Path | None = None, max_batch_tokens: int = 512, max_wait_ms: float = 2.0,
+    def __init__(self, *, model: str | Path | None = None, max_batch_tokens: int = 512, max_wait_ms: float = 0.0,
                  max_queue: int = 64, threads: int | None = None, precision: str | None = None,
                  max_wait_s: float | None = None, env: dict[str, str] | None = None, start_timeout_s: float = 180.0, stop_timeout_s: float = 30.0):
         why = http_missing()
