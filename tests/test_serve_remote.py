@@ -148,3 +148,26 @@ def test_the_client_replaces_connections_the_server_closed_and_reports_a_dead_se
         assert accepted[0] == 1  # a new connection's failure is not retried
     finally:
         stop()
+
+
+def test_float_and_base64_answers_are_the_batchers_tensor_bit_for_bit(model):
+    """HttpEncoder(encoding_format="float") parses JSON numbers back to the float32 the server had, as base64 does."""
+    from btlib.serve.app import create_app, start_server
+    from btlib.serve.client import HttpEncoder
+
+    texts = workload("mixed", 5, seed=2)
+    batcher = BatchEncoder(model, max_queue=16)
+    running = start_server(create_app(batcher, max_inputs=16))
+    try:
+        ref = batcher.encode(texts, timeout=60)
+        got = {}
+        for fmt in ("float", "base64"):
+            with HttpEncoder(running.url, encoding_format=fmt) as client:
+                got[fmt] = client.encode(texts, timeout=60)
+    finally:
+        running.stop()
+    for fmt, emb in got.items():
+        assert emb.dtype == torch.float32 and emb.shape == ref.shape, fmt
+        assert torch.equal(emb, ref), fmt
+    with pytest.raises(ValueError, match="encoding_format"):
+        HttpEncoder(running.url, encoding_format="binary")
