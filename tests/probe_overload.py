@@ -3,18 +3,22 @@
 Starts ``python -m btlib.serve`` (the default model, ``--threads 2``, ``--max-wait-s``) on a free loopback port and
 offers Poisson arrivals of one text each (btlib.serve.load.workload "mixed") through btlib.serve.client.HttpEncoder:
 probes at 100, 200 and 300 requests/s for 4 s find the peak goodput (answers per second), then 10 s at twice the peak.
-Prints, per run, what was offered, answered, refused (429) and lost (must be 0), the goodput, and the refusal latency
-(scheduled arrival -> 429 received, so the client's lag counts against the server) and answer latency, p50 and p99.
+Prints, per run, what was offered, answered, refused (429) and lost (must be 0), the goodput, the refusal latency
+from the scheduled arrival (the generator's lag counts against the server) and from the send (``sent_refusal_*``),
+the generator's own lag (``client_lag_p99_ms``), and the answers' latency, p50 and p99.
 
-Measured (AMD EPYC, 2 cores shared by the server's 2 torch threads, its event loop and this client; --max-wait-s 0.25),
-two runs: peak 187 / 152 req/s; at 2x, 0 lost, goodput 0.94 / 0.97 of peak, refusal p50 1.9 / 2.8 ms, p99 88 / 99 ms,
-answer p50 286 / 285 ms, p99 464 / 527 ms. With another job on the machine: peak 108 req/s, goodput at 2x 0.83 of it,
-refusal p50 4.8 ms, p99 263 ms. The refusal's tail is, we believe, the event loop waiting for a core (not measured).
+Measured (AMD EPYC Zen 4, 2 cores shared by the server's 2 torch threads, its event loop and this client;
+--max-wait-s 0.25), two runs each, in turn: with the server's defaults (--worker-nice 10, gc.freeze at start) peak
+212 / 179 req/s; at 2x, 0 lost, goodput 0.98 / 1.11 of peak, refusal p50 0.9 ms, p99 5.3 / 5.1 ms (4.9 / 4.9 from
+the send). With --worker-nice 0: refusal p99 14.1 / 10.0 ms (11.6 / 9.3 from the send). Before gc.freeze, full
+collections of the objects made at start stopped the server's event loop for 87-114 ms each: the refusal p99 was
+88-105 ms (the probe now freezes its own objects too, for the same reason).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from concurrent.futures import wait
@@ -32,18 +36,23 @@ def offer(client: HttpEncoder, texts: list[str], rate: float, duration_s: float)
     refusal_ms, answer_ms, futures = [], [], []
     start = time.perf_counter()
 
-    def done(f, a):
-        t = (time.perf_counter() - start - a) * 1e3
+    sent_ms, lag_ms = [], []
+
+    def done(f, a, sent):
+        now = time.perf_counter()
         if isinstance(f.exception(), Overloaded):
-            refusal_ms.append(t)
+            refusal_ms.append((now - start - a) * 1e3)
+            sent_ms.append((now - sent) * 1e3)
         elif f.exception() is None:
-            answer_ms.append(t)
+            answer_ms.append((now - start - a) * 1e3)
 
     for i, a in enumerate(arrivals):
         if (ahead := a - (time.perf_counter() - start)) > 0:
             time.sleep(ahead)
+        sent = time.perf_counter()
+        lag_ms.append((sent - start - a) * 1e3)
         f = client.submit([texts[i % len(texts)]])
-        f.add_done_callback(lambda f, a=a: done(f, a))
+        f.add_done_callback(lambda f, a=a, sent=sent: done(f, a, sent))
         futures.append(f)
     wait(futures, timeout=120)
     elapsed = time.perf_counter() - start
@@ -51,6 +60,8 @@ def offer(client: HttpEncoder, texts: list[str], rate: float, duration_s: float)
     return dict(rate=round(rate, 1), offered=len(futures), answered=len(answer_ms), refused=len(refusal_ms),
                 lost=sum(1 for f in futures if not f.done()), goodput=round(len(answer_ms) / elapsed, 1),
                 refusal_p50_ms=ms(percentile(refusal_ms, 50)), refusal_p99_ms=ms(percentile(refusal_ms, 99)),
+                sent_refusal_p50_ms=ms(percentile(sent_ms, 50)), sent_refusal_p99_ms=ms(percentile(sent_ms, 99)),
+                client_lag_p99_ms=ms(percentile(lag_ms, 99)),
                 answer_p50_ms=ms(percentile(answer_ms, 50)), answer_p99_ms=ms(percentile(answer_ms, 99)))
 
 
@@ -58,11 +69,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-wait-s", type=float, default=0.25)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--worker-nice", type=int, default=None, help="the server's --worker-nice (default: the server's, 10)")
     args = p.parse_args()
     texts = workload("mixed", 512)
-    with ServerProcess(threads=args.threads, max_queue=1024, max_wait_s=args.max_wait_s) as server:
+    with ServerProcess(threads=args.threads, max_queue=1024, max_wait_s=args.max_wait_s, worker_nice=args.worker_nice) as server:
         client = HttpEncoder(server.url)
         offer(client, texts, 50, 2)  # warm up: the batcher measures its first rate
+        gc.collect()
+        gc.freeze()  # as the server does: a full collection here would stall the generator (its lag counts against the server)
         probes = [offer(client, texts, rate, 4) for rate in (100, 200, 300)]  # past capacity the server is busy throughout
         for r in probes:
             print("probe", r)

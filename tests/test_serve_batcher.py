@@ -175,10 +175,25 @@ def test_too_long_is_refused_only_without_truncation(model):
 @pytest.mark.parametrize("kw, error, match", [
     (dict(max_batch_tokens=0), ValueError, "max_batch_tokens"), (dict(max_wait_ms=-1), ValueError, "max_wait_ms"),
     (dict(max_queue=True), ValueError, "max_queue"), (dict(max_batch_requests=0), ValueError, "max_batch_requests"),
+    (dict(worker_nice=20), ValueError, "worker_nice"), (dict(worker_nice=-1), ValueError, "worker_nice"),
+    (dict(worker_nice=2.0), ValueError, "worker_nice"),
 ])
 def test_bad_settings_say_which(model, kw, error, match):
     with pytest.raises(error, match=match):
         BatchEncoder(model, **kw)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "getpriority"), reason="per-thread nice values are Linux's")
+def test_worker_nice_lowers_only_the_workers_priority_and_answers_the_same(model):
+    import os
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    want = min(19, mine + 3)
+    with BatchEncoder(model, worker_nice=want) as b:
+        got = b.encode(QUERIES[:3])
+        assert os.getpriority(os.PRIO_PROCESS, b._worker.native_id) == want
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's thread is left alone
+    assert torch.equal(got, model.encode(QUERIES[:3]))
 
 
 def test_bad_texts_say_what_to_pass(model):

@@ -56,6 +56,7 @@ business: with fp32 MKL on an AVX2 Zen 3 a row's last bits depend on the number 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import deque
@@ -87,22 +88,29 @@ class BatchEncoder:
     its ``tokenizer``, ``max_length`` and ``encode``. max_batch_tokens: token budget of one forward pass
     (a request bigger than it runs alone). max_wait_ms: how long a batch may wait to fill, >= 0.
     max_queue: texts waiting at most; more is refused with :class:`Overloaded`. max_batch_requests:
-    requests per batch at most (None: only the token budget counts). precision: passed to ``encode``
-    max_wait_s: refuse a request whose expected wait, (tokens queued ahead + its tokens) / the measured tokens per
+    requests per batch at most (None: only the token budget counts). max_wait_s: refuse a request whose expected wait, (tokens queued ahead + its tokens) / the measured tokens per
     second, exceeds it (None: the count cap only; before the first batch measures a rate, the count cap only).
     Not ``max_wait_ms``, which is how long a batch waits to fill. precision: passed to ``encode``
     (checked here, once, against the model's own ``PRECISIONS``: a server started with int8 on a family
-    without an int8 twin is refused at start, not with an error at every request).
+    without an int8 twin is refused at start, not with an error at every request). worker_nice: the worker
+    thread's nice value, 0-19 (None: as the caller's; Linux sets it per thread, and the worker's OpenMP pool threads,
+    started by the worker, inherit it): a server's event loop and its clients then run first when they wake, and the
+    forwards take the CPU they leave. ``python -m btlib.serve`` sets 10; see its --worker-nice.
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 0.0, max_queue: int = 1024,
                  max_batch_requests: int | None = None, precision: str | None = None,
-                 max_wait_s: float | None = None):
+                 max_wait_s: float | None = None, worker_nice: int | None = None):
         _positive("max_batch_tokens", max_batch_tokens)
         if max_wait_s is not None and (isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float))
                                        or not max_wait_s > 0):
             raise ValueError(f"max_wait_s must be a number > 0 (seconds) or None; got {max_wait_s!r}")
         _positive("max_queue", max_queue)
+        if worker_nice is not None and (isinstance(worker_nice, bool) or not isinstance(worker_nice, int)
+                                        or not 0 <= worker_nice <= 19):
+            raise ValueError(f"worker_nice must be an int in 0..19 (a lower priority than the caller's) or None; "
+                             f"got {worker_nice!r}")
+        self.worker_nice = worker_nice
         if max_batch_requests is not None:
             _positive("max_batch_requests", max_batch_requests)
         if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not max_wait_ms >= 0:
@@ -281,6 +289,11 @@ class BatchEncoder:
         return batch
 
     def _run(self) -> None:
+        if self.worker_nice and hasattr(os, "setpriority"):  # before the first forward starts the OpenMP pool
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.worker_nice)
+            except OSError:  # never a reason not to serve; the stats say what the worker runs at
+                pass
         while True:
             with self._cond:
                 while not self._queue and not self._closed:

@@ -48,7 +48,7 @@ class ServerProcess:
 
     def __init__(self, *, model: str | Path | None = None, max_batch_tokens: int = 512, max_wait_ms: float = 0.0,
                  max_queue: int = 64, threads: int | None = None, precision: str | None = None,
-                 max_wait_s: float | None = None, env: dict[str, str] | None = None, start_timeout_s: float = 180.0, stop_timeout_s: float = 30.0):
+                 max_wait_s: float | None = None, worker_nice: int | None = None, env: dict[str, str] | None = None, start_timeout_s: float = 180.0, stop_timeout_s: float = 30.0):
         why = http_missing()
         if why:
             raise ImportError(why)
@@ -59,6 +59,7 @@ class ServerProcess:
         cmd += ["--threads", str(threads)] if threads else []
         cmd += ["--precision", precision] if precision else []
         cmd += ["--max-wait-s", str(max_wait_s)] if max_wait_s is not None else []
+        cmd += ["--worker-nice", str(worker_nice)] if worker_nice is not None else []
         here = str(Path(__file__).resolve().parents[2])  # the folder holding this btlib: the server runs the same code
         env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
         self.stop_timeout_s = stop_timeout_s
