@@ -164,3 +164,28 @@ def test_rates_are_compared_to_the_search_resolution():
         "lower, 1.5x to 2.7x below it (48-64 against 96-128 req/s)"
     assert compare_rates({"max_rate_rps": 96.0, "first_failed_rps": 128.0}, {"max_rate_rps": 112.0, "first_failed_rps": 128.0}) \
         .startswith("the same")
+
+
+def test_run_load_freezes_the_callers_objects_only_while_it_runs():
+    import gc
+
+    seen = []
+
+    def submit(texts):
+        seen.append(gc.get_freeze_count())
+        f = Future()
+        f.set_result(None)
+        return f
+
+    if gc.get_freeze_count():
+        pytest.skip("something in this session froze objects already")
+    r = L.run_load(submit, ["a"], rate=200, duration_s=0.05, min_requests=3)
+    assert r["answered"] == r["offered"] == len(seen) >= 3
+    assert all(n > 0 for n in seen) and gc.get_freeze_count() == 0  # frozen during the run, thawed after
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        L.run_load(submit, ["a"], rate=200, duration_s=0.05, min_requests=3)
+        assert gc.get_freeze_count() >= frozen  # a caller's own freeze is left as it was
+    finally:
+        gc.unfreeze()

@@ -17,6 +17,7 @@ that many have arrived, however low its rate, so the percentile a search names i
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -82,6 +83,20 @@ def run_load(submit: Callable[[list[str]], Future], texts: Sequence[str], rate: 
     end the run at the first refusal (a search only needs to know the rate is too high). min_requests: offer at
     least that many (:func:`poisson_arrivals`).
     """
+    # The caller's objects (a notebook's, torch's: hundreds of thousands) are frozen out of the cyclic collector for the
+    # run: a full collection walks them all, holding the GIL ~0.1 s, which stalled this generator and the server under
+    # test alike, whichever method's trial it fell in (btlib.serve's server freezes its start-up objects for the same
+    # reason). Thawed after the run; a caller that froze objects itself keeps them frozen.
+    thaw = gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        return _run_load(submit, texts, rate, duration_s, seed, drain_timeout_s, stop_on_refusal, min_requests)
+    finally:
+        if thaw:
+            gc.unfreeze()
+
+
+def _run_load(submit, texts, rate, duration_s, seed, drain_timeout_s, stop_on_refusal, min_requests) -> dict:
     arrivals = poisson_arrivals(rate, duration_s, seed, min_requests)
     latency: dict[int, float] = {}
     futures: list[Future] = []
