@@ -52,14 +52,6 @@ def closed_loop(submit, batches: list[list[str]], clients: int, seconds: float) 
     return done[0]
 
 
-class InProcess:
-    def __init__(self, model):
-        self.batcher = BatchEncoder(model, max_queue=1024)
-
-    def submit(self, texts):
-        return self.batcher.submit(texts)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=16)
@@ -70,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     queries = workload("queries", 512, seed=1)
     batches = [queries[i:i + args.texts] for i in range(0, len(queries) - args.texts + 1, args.texts)]
-    local = InProcess(btlib.load_pretrained())
+    local = BatchEncoder(btlib.load_pretrained(), max_queue=1024)
     rates: dict[str, list[float]] = {"in process": [], "float": [], "base64": []}
     cpu: dict[str, list[tuple[float, float]]] = {"float": [], "base64": []}
     with ServerProcess(threads=args.threads, max_queue=1024) as server:
@@ -90,7 +82,7 @@ def main() -> None:
             print(line, flush=True)
         for c in clients.values():
             c.close()
-    local.batcher.close()
+    local.close()
     base = statistics.median(rates["in process"])
     for fmt in ("float", "base64"):
         print(f"{fmt:7s} keeps {statistics.median(rates[fmt]) / base:.2f} of the in-process rate "

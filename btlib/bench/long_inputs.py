@@ -21,42 +21,22 @@ the token-weighted mean per document, normalised: what chunking promises, withou
 
 from __future__ import annotations
 
-import functools
 import random
 
 import torch
 import torch.nn.functional as F
 
+from ..serve.load import _WORDS
 from .core import Benchmark, Provider, declare
+from .one_query import _available, _model  # the default pretrained model, loaded once for every benchmark using it
 
 __all__ = ["documents", "chunked_reference"]
-
-_WORDS = ("the of and to in is for on that with as by it at from this be are or an was which model text token batch "
-          "query search vector server queue latency packing padding attention layer encoder sentence embedding corpus "
-          "request answer memory length budget worker thread arrival rate throughput cache index passage document").split()
 
 
 def documents(n: int, words: int, seed: int = 0) -> list[str]:
     """``n`` documents of ``words`` plain words each (btlib.serve.load's vocabulary)."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(_WORDS) for _ in range(words)) for _ in range(n)]
-
-
-@functools.cache
-def _model():
-    from ..pretrained import load_pretrained
-
-    return load_pretrained()
-
-
-def _available() -> str | None:
-    from ..pretrained import default_model_folder
-
-    try:
-        default_model_folder()
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 def chunked_reference(model, texts: list[str]) -> torch.Tensor:
