@@ -161,12 +161,22 @@ class SparseModel(PretrainedEncoder):
         return rows.to_sparse() if convert_to_sparse_tensor else rows
 
 
+def _modules(folder: Path):
+    """modules.json of ``folder``, parsed (any JSON value); CheckpointError when it is missing or not JSON."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no modules.json: a SPLADE folder is one SparseEncoder.save writes")
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+
+
 def is_sparse_folder(folder: str | Path) -> bool:
     """Whether ``folder``'s modules.json lists a SpladePooling (a SparseEncoder folder: :func:`load_sparse` reads it)."""
-    path = Path(folder) / "modules.json"
     try:
-        entries = json.loads(path.read_text()) if path.is_file() else []
-    except (ValueError, UnicodeDecodeError, OSError):
+        entries = _modules(Path(folder))
+    except (CheckpointError, OSError):
         return False  # the dense reader names what is wrong with it
     return isinstance(entries, list) and any(isinstance(e, dict) and str(e.get("type", "")).endswith(".SpladePooling")
                                              for e in entries)
@@ -174,13 +184,7 @@ def is_sparse_folder(folder: str | Path) -> bool:
 
 def _parse_modules(folder: Path) -> tuple[Path, Path]:
     """modules.json of a SPLADE folder -> (the MLM Transformer's folder, SpladePooling's); anything else refused."""
-    path = folder / "modules.json"
-    if not path.is_file():
-        raise CheckpointError(f"{folder} has no modules.json: a SPLADE folder is one SparseEncoder.save writes")
-    try:
-        entries = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+    path, entries = folder / "modules.json", _modules(folder)
     names = [e.get("type", "").rpartition(".")[2] if isinstance(e, dict) else None for e in entries] \
         if isinstance(entries, list) else None
     if names not in (["MLMTransformer", "SpladePooling"], ["Transformer", "SpladePooling"]) or any(
