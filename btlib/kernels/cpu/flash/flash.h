@@ -235,11 +235,12 @@ int64_t attention_v3_on(const Problem& p, const T* q, const T* k, const T* v, T*
                                                 });
 }
 
-// Does v3 take the lanes blocks (flash_lanes.h) for this problem? fp32 without a window or bias on AVX-512 and AVX2.
+// Does v3 take the lanes blocks (flash_lanes.h) for this problem? On AVX-512 and AVX2, without a window or bias: fp32,
+// and bf16 where the CPU has no vdpbf16ps (bf16 then computes in fp32 on either path, converted as K and V are copied).
 template <typename T>
 bool v3_takes_lanes(const Problem& p) {
 #if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
-  if constexpr (std::is_same_v<T, float>) return lanes_take(p);
+  if constexpr (std::is_same_v<T, float> || !kBf16Dot) return lanes_take(p);
 #endif
   return false;
 }
@@ -248,8 +249,7 @@ bool v3_takes_lanes(const Problem& p) {
 template <typename T, typename ParallelFor>
 int64_t attention_v3(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
 #if defined(BTLIB_VEC_AVX512) || defined(BTLIB_VEC_AVX2)
-  if constexpr (std::is_same_v<T, float>)
-    if (v3_takes_lanes<T>(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
+  if (v3_takes_lanes<T>(p)) return attention_lanes(p, q, k, v, o, threads, parallel_for);
 #endif
   return attention_v3_on<typename PathFor<T>::type>(p, q, k, v, o, threads, parallel_for);
 }

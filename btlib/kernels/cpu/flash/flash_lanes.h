@@ -1,17 +1,19 @@
-// flash_lanes.h: v3 in fp32 with the score tile transposed, one query row per vector lane (AVX-512, AVX2).
+// flash_lanes.h: v3 in fp32 with the score tile transposed, one query row per vector lane (AVX-512, AVX2); bf16 inputs
+// take it too where the CPU has no vdpbf16ps (converted to fp32 as Q is packed and K, V copied; the output rounded once).
 //
 // flash.h's tiles hold S row by row (a query row's keys along a vector), which costs per row and key
 // tile a horizontal max and a horizontal sum (a chain of shuffles), a scalar exp2 for alpha and the
 // K^T transpose of every key tile (W x W in-register transposes), and V copied into a packed tile.
 // Here S^T = K Q^T is computed as Bc keys x kLanesRows rows: a vector holds W query rows of one key, so
-//   - Q^T (D x kLanesRows, times scale * log2 e) is the only thing packed: once per query block;
-//   - K is read in place, one broadcast element per (key, d), and V rows in place by P V;
+//   - Q^T (D x kLanesRows, times scale * log2 e) is packed once per query block, and K and V are not transposed:
+//     their rows are copied, contiguous, once per (b, h) per thread (LanesWorkspace says why); K gives one
+//     broadcast element per (key, d), V its rows to P V;
 //   - the online softmax runs across keys, element-wise over the rows: m, l and alpha are vectors
 //     (W rows each) and no horizontal reduction or scalar exp2 remains;
-//   - P V is flash_tiles.h's pv_tile reading P^T[key][row] (its kPT form) and V rows in place.
+//   - P V is flash_tiles.h's pv_tile reading P^T[key][row] (its kPT form) and V's rows.
 // Work and NaN / inf behaviour are flash.h's (see there); the masks are per key: the rows that may
 // attend key j are one run [ilo, ihi) of lanes, since key_lo and key_hi do not decrease with the row.
-// Taken by attention_v3 for fp32 without a window or a position bias and with D a multiple of W (the
+// Taken by attention_v3 for fp32 (and bf16 without vdpbf16ps) without a window or a position bias and with D a multiple of W (the
 // row-tile path keeps those: a per-key bias would be a reversed slice of BiasRows, and under a narrow
 // window a block has 16 rows, one AVX-512 vector, so each FMA of qk_lanes needs its own broadcast load of
 // K and the loads bound it: lanes blocks of 16 rows with spans, as flash.h's, ran the (64, 64) window at
@@ -19,8 +21,9 @@
 // row tiles on an AMD EPYC Zen 4: AVX-512 +4-8% for padded and packed fp32 at T 256-1024 (CPU time of
 // 1 thread), and a block of fewer rows computing only ceil(rows / W) vectors +8% on 8 sequences of 200,
 // +31% on 64 of 20; AVX2 (blocks of 16 rows) +6% / +15% padded at T 256 / 1024, +5% on the 20-1000 mix,
-// +9% causal (2 threads, interleaved medians of copies built side by side). NEON keeps the row tiles:
-// it has not been measured on hardware.
+// +9% causal (2 threads, interleaved medians of copies built side by side); then K and V copied contiguous (kCopyKeys)
+// and the next block's Q prefetched, the AVX2 build's 20-1000 mix +13% fp32, +18% bf16 (bf16 had the row tiles). NEON
+// keeps the row tiles: it has not been measured on hardware.
 #pragma once
 
 #include "flash_tiles.h"
@@ -42,8 +45,19 @@ struct LanesWorkspace {
   std::vector<float> qt;  // Q^T * scale * log2(e): [D][kLanesRows], zero in lanes past the block's rows
   std::vector<float> st;  // S^T, then P^T, of one key tile: [Bc + kJRMax][kLanesRows] (qk_lanes writes whole groups of JR keys)
   std::vector<float> O;   // unnormalised output: [kLanesRows][D]
+  // K and V of (b, h) `packed` in fp32, rows contiguous: [Lk][D], copied when a block of this thread first needs
+  // them. Read in place, the rows of the packed (total, H, D) layout lie H D floats apart, and those strides share
+  // few cache sets: at H 12, D 64 (3 KB) a key row maps to 1 of 4 groups of L1 sets and 1 of 128 of L2 sets, so the
+  // K and V of a 1,000-token head (512 KB) did not stay in L2 from one query block to the next.
+  std::vector<float> kc, vc;
+  int64_t packed = -1;
   alignas(64) float alpha[kLanesRows], l[kLanesRows];
 };
+// fp32 keys are copied (LanesWorkspace::kc) for a (b, h) of more than one query block and at least kCopyKeys keys. Copies
+// against reads in place (AVX2 build, AMD EPYC Zen 4, 2 threads, interleaved medians): 64 sequences of 20 0.95x, 32 of
+// 40 0.94x (their keys stay in L1 either way), 8 of 200 1.03x, the 20-1000 mix 1.13x. bf16 is always copied (converted):
+// its lanes blocks then ran 64 of 20 1.30x and 32 of 40 1.14x faster than the row tiles.
+constexpr int64_t kCopyKeys = 2 * Bc;
 
 // A block of nq rows computes NVR = ceil(nq / W) vectors of them (on AVX-512 a block of 8 rows one vector, not four),
 // with JR keys per micro-tile: JR x NVR accumulators, 24 for a full AVX-512 block as flash_tiles.h's 6 x 4, 12 for a
@@ -71,9 +85,9 @@ inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float
 }
 
 // One query block [q0, q0 + nq) of (b, h), nq <= NVR W. Returns the key tiles visited (core_check.cpp counts the band).
-template <int NVR>
-inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
-                                   int64_t h, int64_t q0, int64_t nq, LanesWorkspace& ws) {
+template <int NVR, typename T>
+inline int64_t flash_block_lanes_n(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h,
+                                   int64_t q0, int64_t nq, LanesWorkspace& ws) {
   constexpr int kJR = jr_for(NVR);
   const int64_t D = p.D;
   ws.qt.assign(D * kLanesRows, 0.0f);
@@ -81,9 +95,34 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
   ws.O.assign(kLanesRows * D, 0.0f);
   const float c = p.scale * kLog2e;
   for (int64_t i = 0; i < nq; ++i) {
-    const float* qi = p.at(q, p.qs, b, h, q0 + i);
-    for (int64_t d = 0; d < D; ++d) ws.qt[d * kLanesRows + i] = qi[d] * c;
+    const T* qi = p.at(q, p.qs, b, h, q0 + i);
+    for (int64_t d = 0; d < D; ++d) ws.qt[d * kLanesRows + i] = to_float(qi[d]) * c;
   }
+  // While this block runs, the next block's query rows and this block's output rows come into L2: both are new
+  // memory, rows H D apart in the packed layout (reading Q took ~5% of the 20-1000 mix on AVX2 before).
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t i = q0 + kLanesRows; i < std::min(p.len_q(b), q0 + 2 * kLanesRows); ++i)
+    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(q, p.qs, b, h, i) + d, 0, 2);
+  for (int64_t i = q0; i < q0 + nq; ++i)
+    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(o, p.os, b, h, i) + d, 1, 2);
+  // K and V rows, ks / vs elements apart: the contiguous fp32 copy, or in place for fp32 where the copy would cost more
+  // than it saves (kCopyKeys).
+  const bool in_place = std::is_same_v<T, float> && (p.len_q(b) <= kLanesRows || p.len_k(b) < kCopyKeys);
+  if (!in_place && ws.packed != b * p.H + h) {
+    const int64_t Lk = p.len_k(b);
+    ws.kc.resize(Lk * D);
+    ws.vc.resize(Lk * D);
+    for (int64_t j = 0; j < Lk; ++j) {
+      const T* kj = p.at(k, p.ks, b, h, j);
+      const T* vj = p.at(v, p.vs, b, h, j);
+      for (int64_t d = 0; d < D; ++d) ws.kc[j * D + d] = to_float(kj[d]), ws.vc[j * D + d] = to_float(vj[d]);
+    }
+    ws.packed = b * p.H + h;
+  }
+  // (a bf16 pointer is never read as float: in_place is false for bf16)
+  const float* kf = in_place ? reinterpret_cast<const float*>(p.at(k, p.ks, b, h, 0)) : ws.kc.data();
+  const float* vf_ = in_place ? reinterpret_cast<const float*>(p.at(v, p.vs, b, h, 0)) : ws.vc.data();
+  const int64_t ks = in_place ? p.ks[2] : D, vs = in_place ? p.vs[2] : D;
   vf m[NVR], l[NVR];
   for (int v = 0; v < NVR; ++v) m[v] = vset1(kNegInf), l[v] = vzero();
   // Key j may be attended by rows [ilo(j), ihi(j)) of the block: causal cuts rows below j, padding
@@ -98,7 +137,7 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
   for (int64_t j0 = 0; j0 < kv_end; j0 += Bc, ++tiles) {
     const int64_t nk = std::min(Bc, kv_end - j0);
     for (int64_t j = 0; j < nk; j += kJR) {  // S^T = K Q^T; a short last group repeats its last key
-      for (int r = 0; r < kJR; ++r) krow[r] = p.at(k, p.ks, b, h, j0 + std::min<int64_t>(j + r, nk - 1));
+      for (int r = 0; r < kJR; ++r) krow[r] = kf + (j0 + std::min<int64_t>(j + r, nk - 1)) * ks;
       qk_lanes<NVR, kJR>(ws.qt.data(), D, krow, ws.st.data() + j * kLanesRows);
     }
     // m_new = max(m, max over the tile's keys): element-wise, 16 rows a vector. Masked scores are -inf.
@@ -133,25 +172,26 @@ inline int64_t flash_block_lanes_n(const Problem& p, const float* q, const float
         l[v] = vadd(l[v], P);
       }
     }
-    const float* vj = p.at(v, p.vs, b, h, j0);
+    const float* vj = vf_ + j0 * vs;
     for (int64_t i0 = 0; i0 < nq; i0 += kR)  // O = diag(alpha) O + P V
       with_rows(std::min<int64_t>(kR, nq - i0), [&](auto R) {
         across_d<R()>(D, [&](int64_t cc, auto NV) {
-          pv_tile<R(), NV(), true>(ws.st.data() + i0, kLanesRows, nk, vj + cc, p.vs[2], ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
+          pv_tile<R(), NV(), true>(ws.st.data() + i0, kLanesRows, nk, vj + cc, vs, ws.alpha + i0, ws.O.data() + i0 * D + cc, D);
         });
       });
   }
   for (int v = 0; v < NVR; ++v) vstore(ws.l + v * W, l[v]);
   for (int64_t i = 0; i < nq; ++i) {  // O = O / l, as flash_block
     const float inv_l = ws.l[i] > 0.0f ? 1.0f / ws.l[i] : 0.0f;
-    float* oi = p.at(o, p.os, b, h, q0 + i);
-    for (int64_t d = 0; d < D; ++d) oi[d] = ws.O[i * D + d] * inv_l;
+    T* oi = p.at(o, p.os, b, h, q0 + i);
+    for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(ws.O[i * D + d] * inv_l);
   }
   return tiles;
 }
 
-inline int64_t flash_block_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int64_t b,
-                                 int64_t h, int64_t q0, LanesWorkspace& ws) {
+template <typename T>
+inline int64_t flash_block_lanes(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b, int64_t h, int64_t q0,
+                                 LanesWorkspace& ws) {
   const int64_t nq = std::min(kLanesRows, p.len_q(b) - q0);
   const int64_t nvr = (nq + W - 1) / W;
   if constexpr (kNVR == 4) {
@@ -166,9 +206,8 @@ inline bool lanes_take(const Problem& p) { return p.win_left < 0 && p.win_right 
 
 // v3 over every (b, h, query block) with the lanes blocks (core.h's for_query_blocks: flash.h's task
 // order and chunks, then the padded output rows set to 0). Returns the (query block, key tile) pairs computed.
-template <typename ParallelFor>
-int64_t attention_lanes(const Problem& p, const float* q, const float* k, const float* v, float* o, int threads,
-                        ParallelFor&& parallel_for) {
+template <typename T, typename ParallelFor>
+int64_t attention_lanes(const Problem& p, const T* q, const T* k, const T* v, T* o, int threads, ParallelFor&& parallel_for) {
   return for_query_blocks<LanesWorkspace>(p, kLanesRows, o, threads, parallel_for, [&](int64_t b, int64_t h, int64_t q0, LanesWorkspace& ws) {
     return flash_block_lanes(p, q, k, v, o, b, h, q0, ws);
   });
