@@ -22,7 +22,9 @@
 // 1 thread), and a block of fewer rows computing only ceil(rows / W) vectors +8% on 8 sequences of 200,
 // +31% on 64 of 20; AVX2 (blocks of 16 rows) +6% / +15% padded at T 256 / 1024, +5% on the 20-1000 mix,
 // +9% causal (2 threads, interleaved medians of copies built side by side); then K and V copied contiguous (kCopyKeys)
-// and the next block's Q prefetched, the AVX2 build's 20-1000 mix +13% fp32, +18% bf16 (bf16 had the row tiles). NEON
+// and the next block's Q prefetched, the AVX2 build's 20-1000 mix +13% fp32, +18% bf16 (bf16 had the row tiles); then
+// the copy's rows prefetched and the max taken in qk_lanes without causal, +2-3% on the mix, +4-12% on 8 of 200,
+// 32 of 40 and 64 of 20. NEON
 // keeps the row tiles: it has not been measured on hardware.
 #pragma once
 
@@ -66,9 +68,10 @@ constexpr int jr_for(int NVR) { return NVR == 1 ? 12 : NVR == 2 ? (kNVR == 2 ? 6
 constexpr int kJRMax = 12;
 
 // S^T[JR][kLanesRows] = K[JR][D] Q^T[D][kLanesRows] for the first NVR vectors of rows: per d one broadcast of each key's element
-// and NVR loads of Q^T.
-template <int NVR, int JR>
-inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float* st) {
+// and NVR loads of Q^T. kMax: also mx[v] = max(mx[v], the scores), taken from the registers (without causal every row
+// attends every key of the tile, so the max needs no separate pass over S^T).
+template <int NVR, int JR, bool kMax>
+inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float* st, vf* mx) {
   vf acc[JR][NVR];
   for (int j = 0; j < JR; ++j)
     for (int v = 0; v < NVR; ++v) acc[j][v] = vzero();
@@ -81,7 +84,10 @@ inline void qk_lanes(const float* qt, int64_t D, const float* const* krow, float
     }
   }
   for (int j = 0; j < JR; ++j)
-    for (int v = 0; v < NVR; ++v) vstore(st + j * kLanesRows + v * W, acc[j][v]);
+    for (int v = 0; v < NVR; ++v) {
+      vstore(st + j * kLanesRows + v * W, acc[j][v]);
+      if constexpr (kMax) mx[v] = vmax(mx[v], acc[j][v]);
+    }
 }
 
 // One query block [q0, q0 + nq) of (b, h), nq <= NVR W. Returns the key tiles visited (core_check.cpp counts the band).
@@ -113,6 +119,11 @@ inline int64_t flash_block_lanes_n(const Problem& p, const T* q, const T* k, con
     ws.kc.resize(Lk * D);
     ws.vc.resize(Lk * D);
     for (int64_t j = 0; j < Lk; ++j) {
+      if (j + 8 < Lk)  // rows H D apart: the hardware prefetcher does not follow them
+        for (int64_t d = 0; d < D; d += 64 / sizeof(T)) {
+          __builtin_prefetch(p.at(k, p.ks, b, h, j + 8) + d, 0, 3);
+          __builtin_prefetch(p.at(v, p.vs, b, h, j + 8) + d, 0, 3);
+        }
       const T* kj = p.at(k, p.ks, b, h, j);
       const T* vj = p.at(v, p.vs, b, h, j);
       for (int64_t d = 0; d < D; ++d) ws.kc[j * D + d] = to_float(kj[d]), ws.vc[j * D + d] = to_float(vj[d]);
@@ -136,14 +147,18 @@ inline int64_t flash_block_lanes_n(const Problem& p, const T* q, const T* k, con
   int64_t tiles = 0;
   for (int64_t j0 = 0; j0 < kv_end; j0 += Bc, ++tiles) {
     const int64_t nk = std::min(Bc, kv_end - j0);
-    for (int64_t j = 0; j < nk; j += kJR) {  // S^T = K Q^T; a short last group repeats its last key
-      for (int r = 0; r < kJR; ++r) krow[r] = kf + (j0 + std::min<int64_t>(j + r, nk - 1)) * ks;
-      qk_lanes<NVR, kJR>(ws.qt.data(), D, krow, ws.st.data() + j * kLanesRows);
-    }
-    // m_new = max(m, max over the tile's keys): element-wise, 16 rows a vector. Masked scores are -inf.
     vf mx[NVR];
     for (int v = 0; v < NVR; ++v) mx[v] = vset1(kNegInf);
-    for (int64_t j = 0; j < nk; ++j) {
+    for (int64_t j = 0; j < nk; j += kJR) {  // S^T = K Q^T; a short last group repeats its last key
+      for (int r = 0; r < kJR; ++r) krow[r] = kf + (j0 + std::min<int64_t>(j + r, nk - 1)) * ks;
+      if (p.causal)
+        qk_lanes<NVR, kJR, false>(ws.qt.data(), D, krow, ws.st.data() + j * kLanesRows, mx);
+      else
+        qk_lanes<NVR, kJR, true>(ws.qt.data(), D, krow, ws.st.data() + j * kLanesRows, mx);
+    }
+    // m_new = max(m, max over the tile's keys): element-wise, 16 rows a vector. Masked scores are -inf. Without causal
+    // qk_lanes took it.
+    for (int64_t j = 0; j < (p.causal ? nk : 0); ++j) {
       int64_t ilo, ihi;
       rows_of(j0 + j, ilo, ihi);
       for (int v = 0; v < NVR; ++v) {
