@@ -111,9 +111,10 @@ inline int64_t flash_block_lanes_n(const Problem& p, const T* q, const T* k, con
     for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(q, p.qs, b, h, i) + d, 0, 2);
   for (int64_t i = q0; i < q0 + nq; ++i)
     for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(o, p.os, b, h, i) + d, 1, 2);
-  // K and V rows, ks / vs elements apart: the contiguous fp32 copy, or in place for fp32 where the copy would cost more
-  // than it saves (kCopyKeys).
-  const bool in_place = std::is_same_v<T, float> && (p.len_q(b) <= kLanesRows || p.len_k(b) < kCopyKeys);
+  // K and V rows, ks / vs elements apart: the contiguous fp32 copy, or in place for fp32 whose rows are contiguous
+  // already (the padded (B, H, T, D) layout) or where the copy would cost more than it saves (kCopyKeys).
+  const bool in_place = std::is_same_v<T, float> && ((p.ks[2] == D && p.vs[2] == D) || p.len_q(b) <= kLanesRows ||
+                                                    p.len_k(b) < kCopyKeys);
   if (!in_place && ws.packed != b * p.H + h) {
     const int64_t Lk = p.len_k(b);
     ws.kc.resize(Lk * D);
