@@ -5,6 +5,7 @@ for real, on tiny cells, and asserts only what holds on any machine (every pick 
 """
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import btlib
 from btlib.kernels import choice, registry
 from btlib.kernels import choice_measure as cm
+from btlib.kernels.cpu import build
 
 
 @pytest.fixture
@@ -130,6 +132,21 @@ def test_the_table_is_cached_on_disk_and_a_busy_measurement_is_not(measured, mon
     assert (["cpu_flash_v3", "torch_sdpa"], 2 * cm.ROUNDS) in rounds  # it tried again with twice the rounds
     # refresh measures again even with a good table in hand
     assert choice.table(refresh=True, timer=scripted(fast)).kept and f.exists()
+
+
+def test_a_changed_kernel_in_a_family_folder_is_measured_again(tmp_path):
+    """The cache key's digest covers the family folders (flash/, teaching/), not only the shared top-level sources."""
+    root = tmp_path / "cpu"
+    shutil.copytree(build.HERE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    digest = choice._sources.__wrapped__  # the package's digest is taken once per process
+    before = digest(root)
+    assert digest(root) == before  # a digest, not a clock
+    (root / "flash" / "__init__.py").write_text("# a Python edit is no kernel change\n")
+    assert digest(root) == before
+    for header in ("flash/flash_lanes.h", "teaching/teaching.h", "vec.h"):
+        (root / header).write_text((root / header).read_text() + "// edited\n")
+        assert digest(root) != before, header
+        before = digest(root)
 
 
 def test_a_kernel_that_fails_its_check_is_never_timed_nor_taken(measured, monkeypatch):

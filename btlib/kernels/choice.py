@@ -82,11 +82,13 @@ def cache_file() -> Path | None:
 
 
 @functools.cache
-def _sources() -> str:
-    """A digest of the C++ kernels' sources: a changed kernel is measured again (its old times are not its times)."""
+def _sources(root: Path = Path(__file__).parent / "cpu") -> str:
+    """A digest of the C++ kernels' sources, the family folders' included (flash/, teaching/): a changed kernel is
+    measured again (its old times are not its times)."""
     h = hashlib.sha256()
-    for f in sorted((Path(__file__).parent / "cpu").glob("*.[ch]*")):
-        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and f.suffix in (".cpp", ".h", ".cc", ".hpp"):
+            h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     return h.hexdigest()[:16]
 
 
