@@ -7,6 +7,9 @@ Runtime one request per forward. Each rate runs every server twice, the second r
 0.5 s warm-up of the same server; every trial offers at least ``--requests`` (500: p99 is measured). Prints p50 / p99
 in ms and refusals. The default rates are half of notebook 09's measured maximum for the packed batcher (256 short
 queries/s, 48 mixed) and for the TEI-style batcher (192, 16), so every server runs at each one's half load.
+Under ``GOMP_SPINCOUNT=3000000`` (README's serving section: torch's OpenMP threads spin ~50 ms after each region) the
+spinning is process-wide: the ONNX Runtime servers' trials then share the cores with torch's spinning threads, so
+compare their rows from a run without it.
 """
 
 from __future__ import annotations
