@@ -35,12 +35,19 @@ def main() -> None:
     p.add_argument("--rates-mixed", default="16,48")
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--methods", default="", help="a comma-separated subset of: packed_wait_2, packed_wait_0, "
+                   "tei_ort_padded, ort_per_request (default: all that run here)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     methods = ["packed_wait_2", "packed_wait_0"]
     if why_not_available("tei_ort_padded") is None:
         methods += ["tei_ort_padded", "ort_per_request"]
         _backend("ort")
+    if args.methods:
+        unknown = set(args.methods.split(",")) - set(methods)
+        if unknown:
+            p.error(f"--methods: {sorted(unknown)} not among those that run here: {methods}")
+        methods = args.methods.split(",")
     _model()
     texts = {"queries": workload("queries", 512, seed=1), "mixed": workload("mixed", 512, seed=1)}
     rates = {"queries": args.rates_queries, "mixed": args.rates_mixed}
