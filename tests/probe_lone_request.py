@@ -1,0 +1,57 @@
+"""One request at a time, back to back or after an idle gap: ``python tests/probe_lone_request.py [--gap-ms 60]``.
+
+At light load a request mostly finds the server idle and runs alone. This sends notebook 09's mixed texts one at a
+time (waiting for each answer, then ``--gap-ms`` of idle) to btlib's packed batcher and to ONNX Runtime one request per
+forward (btlib.bench.serve_load.make_batcher: one worker behind ``submit``), two rounds in ABBA order, and prints
+each round's median latency. Back to back it compares the forwards; after a gap it adds what waking up costs (on a
+VM, libgomp's sleeping threads: README's serving section, ``tests/probe_omp_wake.py``). ORT runs only where
+onnxruntime is installed (the compare extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from btlib.bench.serve_load import _backend, _model, make_batcher, why_not_available
+from btlib.serve.load import workload
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gap-ms", type=float, default=0.0, help="idle time before each request (default 0: back to back)")
+    p.add_argument("--requests", type=int, default=120)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    methods = ["packed_fp32"]
+    if why_not_available("ort_per_request") is None:
+        methods.append("ort_per_request")
+        _backend("ort")
+    _model()
+    texts = workload("mixed", max(args.requests, 10), seed=1)[: args.requests]
+    for rnd in range(2):
+        for m in methods if rnd == 0 else methods[::-1]:
+            b = make_batcher(m)
+            for t in texts[:10]:  # warm-up
+                b.submit([t]).result()
+            ts = []
+            for t in texts:
+                time.sleep(args.gap_ms / 1e3)
+                t0 = time.perf_counter()
+                b.submit([t]).result()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            b.close()
+            print(f"round {rnd + 1}  {m:16s} after {args.gap_ms:3.0f} ms idle: p50 {statistics.median(ts):6.2f} ms "
+                  f"({len(ts)} requests)", flush=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
+
+
+if __name__ == "__main__":
+    main()
