@@ -186,6 +186,9 @@ def test_run_load_freezes_the_callers_objects_only_while_it_runs():
     try:
         frozen = gc.get_freeze_count()
         L.run_load(submit, ["a"], rate=200, duration_s=0.05, min_requests=3)
-        assert gc.get_freeze_count() >= frozen  # a caller's own freeze is left as it was
+        # a caller's own freeze is left as it was: unfreeze would empty the permanent generation, while a frozen
+        # object may still die by its reference count during the run (the count then falls by a few: 2 of 1.2 M in
+        # one full-session run)
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()

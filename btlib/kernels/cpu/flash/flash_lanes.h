@@ -13,8 +13,8 @@
 //   - P V is flash_tiles.h's pv_tile reading P^T[key][row] (its kPT form) and V's rows.
 // Work and NaN / inf behaviour are flash.h's (see there); the masks are per key: the rows that may
 // attend key j are one run [ilo, ihi) of lanes, since key_lo and key_hi do not decrease with the row.
-// Taken by attention_v3 for fp32 (and bf16 without vdpbf16ps) without a window or a position bias and with D a multiple of W (the
-// row-tile path keeps those: a per-key bias would be a reversed slice of BiasRows, and under a narrow
+// Taken by attention_v3 for fp32 (and bf16 without vdpbf16ps) without a window or a position bias and with D a
+// multiple of W (the row-tile path keeps those: a per-key bias would be a reversed slice of BiasRows, and under a narrow
 // window a block has 16 rows, one AVX-512 vector, so each FMA of qk_lanes needs its own broadcast load of
 // K and the loads bound it: lanes blocks of 16 rows with spans, as flash.h's, ran the (64, 64) window at
 // 0.83-0.85x the row tiles' speed, and (128, 128) / (256, 256) at 0.97 / 0.99x). Measured against the
@@ -24,8 +24,7 @@
 // +9% causal (2 threads, interleaved medians of copies built side by side); then K and V copied contiguous (kCopyKeys)
 // and the next block's Q prefetched, the AVX2 build's 20-1000 mix +13% fp32, +18% bf16 (bf16 had the row tiles); then
 // the copy's rows prefetched and the max taken in qk_lanes without causal, +2-3% on the mix, +4-12% on 8 of 200,
-// 32 of 40 and 64 of 20. NEON
-// keeps the row tiles: it has not been measured on hardware.
+// 32 of 40 and 64 of 20. NEON keeps the row tiles: it has not been measured on hardware.
 #pragma once
 
 #include "flash_tiles.h"
