@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from btlib import hardware
 from btlib.bench.serve_load import LABELS, _backend, _model, make_batcher, why_not_available
 from btlib.serve.load import run_load, workload
 
@@ -62,8 +63,7 @@ def main() -> None:
                     label = LABELS.get(m, f"packed batcher fp32, max_wait_ms={m.removeprefix('packed_wait_')}")
                     print(f"{wl:8s} {rate:5.0f} req/s  {label:45s} p50 {r['p50_ms']:7.1f}  p99 {r['p99_ms']:7.1f} ms"
                           f"  refused {r['refused']}  lost {r['lost']}", flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads")
+    print(f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from btlib import hardware
 from btlib.bench.serve_load import _backend, _model, make_batcher, why_not_available
 from btlib.serve.load import workload
 
@@ -48,8 +49,7 @@ def main() -> None:
             b.close()
             print(f"round {rnd + 1}  {m:16s} after {args.gap_ms:3.0f} ms idle: p50 {statistics.median(ts):6.2f} ms "
                   f"({len(ts)} requests)", flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
+    print(f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
 
 

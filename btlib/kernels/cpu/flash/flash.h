@@ -117,37 +117,6 @@ inline BiasRows expand_position_bias(const Problem& p) {
   return r;
 }
 
-// Under a window a block's work is small (16 rows x ~144 keys) while its rows, keys and outputs are new memory, rows
-// H D apart in the packed (total, H, D) layout: reading Q and writing O took ~17% of a (64, 64) layer at 4,096
-// tokens (AMD EPYC Zen 4, 2 threads). So while block q0 runs its online softmax, row i asks for what the next
-// blocks need: the next block's query row i, the key and value Bc + i past this block's band (packed when a later
-// block reaches its tile) and this block's output row i, into L2: 1.15-1.2x on that layer. All of it in one burst
-// at the block's start gained 2% (the misses queue up), into L1 3% (it evicts the block's own tiles). Measure it on
-// your CPU: python -m btlib.bench run windowed_attention_local (its "of bound" column), against a copy without it
-// (btlib.kernels.cpu.build.load_copy).
-// always_inline: GCC finds that a function whose only statements are prefetches changes nothing and deletes the
-// call (-O1 and up; an inline helper, or a lambda, emitted no prefetch at all), while prefetch statements inside
-// flash_block are kept.
-template <typename T>
-[[gnu::always_inline]] inline void prefetch_ahead(const Problem& p, const T* q, const T* k, const T* v, T* o, int64_t b,
-                                                  int64_t h, int64_t q_next, int64_t key_next, int64_t q_out) {
-  constexpr int64_t kLine = 64 / sizeof(T);
-  if (q_next < p.len_q(b)) {
-    const T* x = p.at(q, p.qs, b, h, q_next);
-    for (int64_t d = 0; d < p.D; d += kLine) __builtin_prefetch(x + d, 0, 2);
-  }
-  if (key_next < p.len_k(b)) {
-    const T* x = p.at(k, p.ks, b, h, key_next);
-    const T* y = p.at(v, p.vs, b, h, key_next);
-    for (int64_t d = 0; d < p.D; d += kLine) {
-      __builtin_prefetch(x + d, 0, 2);
-      __builtin_prefetch(y + d, 0, 2);
-    }
-  }
-  T* out = p.at(o, p.os, b, h, q_out);  // to be written: asked for with intent to write (prefetchw where the CPU has it)
-  for (int64_t d = 0; d < p.D; d += kLine) __builtin_prefetch(out + d, 1, 2);
-}
-
 // Query rows per block on a path: Problem::block_rows() where the path computes spans and partial
 // tiles (RowTiles), Br on AMX (whole 16 x 16 tiles of one key tile).
 template <typename Path>

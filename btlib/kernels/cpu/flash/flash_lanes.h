@@ -104,12 +104,9 @@ inline int64_t flash_block_lanes_n(const Problem& p, const T* q, const T* k, con
     for (int64_t d = 0; d < D; ++d) ws.qt[d * kLanesRows + i] = to_float(qi[d]) * c;
   }
   // While this block runs, the next block's query rows and this block's output rows come into L2: both are new
-  // memory, rows H D apart in the packed layout (reading Q took ~5% of the 20-1000 mix on AVX2 before).
-  constexpr int64_t kLine = 64 / sizeof(T);
-  for (int64_t i = q0 + kLanesRows; i < std::min(p.len_q(b), q0 + 2 * kLanesRows); ++i)
-    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(q, p.qs, b, h, i) + d, 0, 2);
-  for (int64_t i = q0; i < q0 + nq; ++i)
-    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p.at(o, p.os, b, h, i) + d, 1, 2);
+  // memory, rows H D apart in the packed layout (reading Q took ~5% of the 20-1000 mix on AVX2 before). A block of
+  // fewer than kLanesRows rows is its sequence's last, so rows i < nq cover the next block; no keys (key_next = Lk).
+  for (int64_t i = 0; i < nq; ++i) prefetch_ahead(p, q, k, v, o, b, h, q0 + kLanesRows + i, p.len_k(b), q0 + i);
   // K and V rows, ks / vs elements apart: the contiguous fp32 copy, or in place for fp32 whose rows are contiguous
   // already (the padded (B, H, T, D) layout) or where the copy would cost more than it saves (kCopyKeys).
   const bool in_place = std::is_same_v<T, float> && ((p.ks[2] == D && p.vs[2] == D) || p.len_q(b) <= kLanesRows ||
