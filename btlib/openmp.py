@@ -20,6 +20,17 @@ of OpenMP threads drops. Nothing else changes: a later parallel region in that t
 start, tens of microseconds), and the counts rise again. :class:`btlib.serve.BatchEncoder` calls it when it starts its
 worker. Other OpenMP runtimes (LLVM's libomp, Intel's libiomp5) do not throttle by count, and their hard pause shuts
 the whole runtime down: there this does nothing and says so (False).
+
+A pool that has slept costs a wake. After its spin, a pool thread sleeps on a futex, and the next region cannot end
+until that thread runs again; on a virtual machine that means its vCPU being scheduled again. A 2-thread
+``torch.exp`` of 65,536 floats took 23 us back to back and 7.8 ms after 60 ms of idle (AMD EPYC Zen 5, 2-core
+Firecracker VM: ``python tests/probe_omp_wake.py``), and a server at light load meets exactly that: most requests
+find it idle. :class:`KeepWarm` is the in-process cure: while a thread waits for work it calls :meth:`KeepWarm.tick`
+every 2 ms for a bounded time after its last forward, and each tick runs one tiny region on every pool thread, so none
+reaches its sleep (the same op after 60 ms of ticking: 63 us; the process spent 2.44 s of CPU over 2.4 s of such
+gaps: one core, spinning). That is the price, as with ``GOMP_SPINCOUNT``, but bounded in time and per thread, and
+ONNX Runtime's intra-op threads spin by default too. :class:`btlib.serve.BatchEncoder` ticks for ``keep_warm_ms``
+(50) after each batch.
 """
 
 from __future__ import annotations
@@ -27,8 +38,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import time
 
-__all__ = ["runtime_path", "release_caller_pool"]
+__all__ = ["runtime_path", "release_caller_pool", "KeepWarm"]
 
 OMP_PAUSE_HARD = 2  # omp_pause_resource_t's omp_pause_hard (OpenMP 5.0)
 
@@ -64,3 +76,50 @@ def release_caller_pool() -> bool:
     fn = _pause()
     return fn is not None and fn(OMP_PAUSE_HARD) == 0
 
+
+
+class KeepWarm:
+    """Keeps the calling thread's OpenMP pool spinning for ``window_s`` after each :meth:`touch`.
+
+        warm = KeepWarm(0.05)               # in the thread that runs the forwards
+        ... forward ...; warm.touch()       # after each one
+        while idle: wait(warm.next_wait(timeout)); warm.tick()   # tick() runs a region only while the window is open
+
+    Each :meth:`tick` inside the window runs ``torch.neg`` in place on ``threads x 32,768`` floats: at::parallel_for
+    splits work into chunks of 32,768 elements, so every pool thread gets one chunk (~10-80 us on 2 threads). It must be
+    called from the thread that runs the forwards: libgomp's pools belong to the thread that starts the regions.
+    ``TICK_S`` (2 ms) is well inside libgomp's default spin (300,000 spins: ~5 ms on an AMD EPYC Zen 4, where 3,000,000
+    spun ~50 ms); where the process has more OpenMP threads than CPUs libgomp spins only 100 times and the ticks cannot
+    help (:func:`release_caller_pool`). window_s 0 (or one torch thread: no pool) turns it off."""
+
+    TICK_S = 0.002
+
+    def __init__(self, window_s: float):
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s >= 0:
+            raise ValueError(f"keep-warm window must be a number of seconds >= 0; got {window_s!r}")
+        self.window_s = float(window_s)
+        self._until = 0.0
+        self._x = None
+
+    def touch(self) -> None:
+        """A forward just ended: keep the pool warm for the next ``window_s``."""
+        self._until = time.perf_counter() + self.window_s
+
+    def next_wait(self) -> float | None:
+        """How long to wait for work before the next :meth:`tick` (seconds), or None: the window is closed, wait for
+        work without a timeout."""
+        left = self._until - time.perf_counter()
+        return min(left, self.TICK_S) if left > 0 and self.window_s > 0 else None
+
+    def tick(self) -> None:
+        """One tiny parallel region on every thread of this thread's pool, if the window is still open."""
+        if self._until <= time.perf_counter():
+            return
+        import torch
+
+        threads = torch.get_num_threads()
+        if threads < 2:
+            return
+        if self._x is None or self._x.numel() != threads * 32768:
+            self._x = torch.zeros(threads * 32768)
+        torch.neg(self._x, out=self._x)

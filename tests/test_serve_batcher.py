@@ -176,7 +176,9 @@ def test_too_long_is_refused_only_without_truncation(model):
     (dict(max_batch_tokens=0), ValueError, "max_batch_tokens"), (dict(max_wait_ms=-1), ValueError, "max_wait_ms"),
     (dict(max_queue=True), ValueError, "max_queue"), (dict(max_batch_requests=0), ValueError, "max_batch_requests"),
     (dict(worker_nice=20), ValueError, "worker_nice"), (dict(worker_nice=-1), ValueError, "worker_nice"),
-    (dict(worker_nice=2.0), ValueError, "worker_nice"),
+    (dict(worker_nice=2.0), ValueError, "worker_nice"), (dict(keep_warm_ms=-1), ValueError, "keep_warm_ms"),
+    (dict(keep_warm_ms=float("inf")), ValueError, "keep_warm_ms"), (dict(keep_warm_ms=True), ValueError, "keep_warm_ms"),
+    (dict(keep_warm_ms="50"), ValueError, "keep_warm_ms"),
 ])
 def test_bad_settings_say_which(model, kw, error, match):
     with pytest.raises(error, match=match):
@@ -194,6 +196,55 @@ def test_worker_nice_lowers_only_the_workers_priority_and_answers_the_same(model
         assert os.getpriority(os.PRIO_PROCESS, b._worker.native_id) == want
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's thread is left alone
     assert torch.equal(got, model.encode(QUERIES[:3]))
+
+
+@pytest.mark.parametrize("keep_warm_ms", [0, 40])
+def test_the_idle_worker_ticks_only_inside_its_keep_warm_window(model, monkeypatch, keep_warm_ms):
+    """After a batch the worker runs btlib.openmp.KeepWarm.tick every ~2 ms (a tiny region on each of its OpenMP
+    threads) for keep_warm_ms, then waits for work without ticking; 0 never ticks. A request arriving inside the window
+    is answered as any other. Only the ticks' count is checked: what they save is timed by tests/probe_lone_request.py."""
+    from btlib import openmp
+
+    ticks = []
+    real = openmp.KeepWarm.tick
+
+    def counted(self):
+        ticks.append(threading.get_native_id())
+        real(self)
+
+    monkeypatch.setattr(openmp.KeepWarm, "tick", counted)
+    with BatchEncoder(model, keep_warm_ms=keep_warm_ms) as b:
+        first = b.encode(QUERIES[:2])
+        threading.Event().wait(keep_warm_ms / 1e3 / 2)
+        inside = b.encode(QUERIES[2:3])  # arrives inside the window (or, at 0, after the worker went to sleep)
+        threading.Event().wait(keep_warm_ms / 1e3 + 0.15)
+        settled = len(ticks)
+        threading.Event().wait(0.1)
+        assert len(ticks) == settled  # the window closed: no tick while the worker waits for work
+        worker = b._worker.native_id
+    assert torch.equal(first, model.encode(QUERIES[:2])) and torch.equal(inside, model.encode(QUERIES[2:3]))
+    if keep_warm_ms == 0:
+        assert ticks == []
+    else:  # ~20 ticks per 40 ms window, two windows; a loaded machine runs fewer, never more than the windows allow
+        assert 3 <= len(ticks) <= 2 * keep_warm_ms / 2 + 4 and set(ticks) == {worker}
+
+
+def test_keep_warm_ticks_nothing_outside_its_window():
+    from btlib.openmp import KeepWarm
+
+    warm = KeepWarm(0.01)
+    assert warm.next_wait() is None  # no forward yet: wait for work without a timeout
+    warm.tick()
+    assert warm._x is None  # nothing ran
+    warm.touch()
+    assert 0 < warm.next_wait() <= KeepWarm.TICK_S
+    threading.Event().wait(0.02)
+    assert warm.next_wait() is None
+    off = KeepWarm(0)
+    off.touch()
+    assert off.next_wait() is None
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        KeepWarm(-1)
 
 
 def test_bad_texts_say_what_to_pass(model):

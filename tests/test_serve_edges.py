@@ -317,6 +317,14 @@ def test_an_empty_api_key_is_refused_at_start(prompted, monkeypatch, capsys):
     assert "the API key is empty" in capsys.readouterr().err
 
 
+def test_a_bad_keep_warm_window_is_refused_at_start(prompted, capsys):
+    """--keep-warm-ms reaches the batcher: a negative window stops the server at start with the setting named."""
+    from btlib.serve.__main__ import main
+
+    assert main(["--model", str(prompted), "--keep-warm-ms", "-1", "--port", "0"]) == 2
+    assert "keep_warm_ms must be a finite number >= 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("host, status", [(b"127.0.0.1:8080", 200), (b"localhost", 200), (b"[::1]:80", 200),
                                           (b"127.0.0.2", 200), (b"evil.example:8080", 400), (b"127.0.0.1.evil.example", 400),
                                           (b"localhost.evil.example", 400)])

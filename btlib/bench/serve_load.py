@@ -144,19 +144,24 @@ def _backend(kind: str):
     return PaddedTransformers(model, folder) if kind == "transformers" else OrtPadded(model, folder)
 
 
-def make_batcher(method: str, *, max_queue: int = MAX_QUEUE, max_batch_tokens: int = 512, max_wait_ms: float = 0.0) -> BatchEncoder:
-    """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed batchers."""
+def make_batcher(method: str, *, max_queue: int = MAX_QUEUE, max_batch_tokens: int = 512, max_wait_ms: float = 0.0,
+                 keep_warm_ms: float = 50.0) -> BatchEncoder:
+    """A fresh one-worker server for ``method`` (one of :data:`METHODS`); max_batch_tokens / max_wait_ms set the packed
+    batchers, keep_warm_ms every batcher whose forward runs on torch's threads (BatchEncoder's; ONNX Runtime's take 0)."""
     model, _ = _model()
-    packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue)
+    packed = dict(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue, keep_warm_ms=keep_warm_ms)
     return {
-        "encode_per_request": lambda: BatchEncoder(model, max_batch_requests=1, max_wait_ms=0, max_queue=max_queue),
+        "encode_per_request": lambda: BatchEncoder(model, max_batch_requests=1, max_wait_ms=0, max_queue=max_queue,
+                                                   keep_warm_ms=keep_warm_ms),
         "packed_fp32": lambda: BatchEncoder(model, **packed),
         "packed_bf16": lambda: BatchEncoder(model, precision="bf16", **packed),
         "padded_transformers": lambda: BatchEncoder(_backend("transformers"), max_batch_tokens=1 << 20, max_batch_requests=32,
-                                                    max_wait_ms=5, max_queue=max_queue),
+                                                    max_wait_ms=5, max_queue=max_queue, keep_warm_ms=keep_warm_ms),
+        # ONNX Runtime's forwards run on its own threads (which spin by themselves): no torch pool to keep warm
         "tei_ort_padded": lambda: BatchEncoder(_backend("ort"), max_batch_tokens=16384, max_batch_requests=8, max_wait_ms=0,
-                                               max_queue=max_queue),
-        "ort_per_request": lambda: BatchEncoder(_backend("ort"), max_batch_requests=1, max_wait_ms=0, max_queue=max_queue),
+                                               max_queue=max_queue, keep_warm_ms=0),
+        "ort_per_request": lambda: BatchEncoder(_backend("ort"), max_batch_requests=1, max_wait_ms=0, max_queue=max_queue,
+                                                keep_warm_ms=0),
     }[method]()
 
 

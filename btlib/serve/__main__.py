@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="nice value of the thread that runs the forwards (and its OpenMP threads): the event loop runs "
                         "first when a request arrives, so a 429 or a small answer does not wait for a core (default 10; "
                         "0: the same priority, e.g. on a machine shared with other busy work)")
+    p.add_argument("--keep-warm-ms", type=float, default=50.0,
+                   help="for how long after each batch the idle worker keeps its OpenMP threads spinning, so that a "
+                        "request arriving then does not wait ~8 ms on a VM for a sleeping thread to wake (default 50; "
+                        "0: off, the threads sleep after libgomp's own few-ms spin; the price is a core busy that long)")
     p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
     p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS, help="encode's precision")
     p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413 "
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                max_queue=args.max_queue, precision=args.precision, max_wait_s=args.max_wait_s,
-                               worker_nice=args.worker_nice or None)
+                               worker_nice=args.worker_nice or None, keep_warm_ms=args.keep_warm_ms)
         name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
         app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
                          auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,

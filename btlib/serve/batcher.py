@@ -37,6 +37,12 @@ its throttled mode (a sleep and a wake per parallel region), which made a one-qu
 against 3.3 ms in the main thread (MiniLM, AMD EPYC Zen 4, 2 cores). A caller that runs torch in that thread later
 starts a new pool, and with it the slow mode, until the next batcher starts.
 
+Warm threads at light load (btlib.openmp.KeepWarm): for ``keep_warm_ms`` (50) after each batch, the idle worker runs a
+tiny parallel region every 2 ms, so its OpenMP threads are still spinning when the next request comes. Left to sleep,
+they took ~8 ms to wake on a 2-core VM, and one request at a time 60 ms apart took a p50 of 13.3-14.0 ms against 3.4
+kept warm (MiniLM, AMD EPYC Zen 5: ``python tests/probe_lone_request.py --gap-ms 60 [--keep-warm-ms 0]``). The price
+is a core spinning for that window after each batch; under load the worker is never idle and never ticks.
+
 Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included, and the queue holds those
 ids; a batch is packed from them and the model runs them (``model.encode_tokens``), so the budget counts exactly the
 tokens each forward sees and no text is tokenized twice. A model without ``tokens`` / ``encode_tokens`` is counted by
@@ -65,7 +71,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-from ..openmp import release_caller_pool
+from ..openmp import KeepWarm, release_caller_pool
 from ..precision import ENCODE_PRECISIONS, check_precision
 from ..pretrained.encoding import Tokens
 from .admission import Overloaded, refusal
@@ -95,13 +101,19 @@ class BatchEncoder:
     without an int8 twin is refused at start, not with an error at every request). worker_nice: the worker
     thread's nice value, 0-19 (None: as the caller's; Linux sets it per thread, and the worker's OpenMP pool threads,
     started by the worker, inherit it): a server's event loop and its clients then run first when they wake, and the
-    forwards take the CPU they leave. ``python -m btlib.serve`` sets 10; see its --worker-nice.
+    forwards take the CPU they leave. ``python -m btlib.serve`` sets 10; see its --worker-nice. keep_warm_ms: for how
+    long after each batch the idle worker keeps its OpenMP threads spinning (btlib.openmp.KeepWarm), so that a request
+    arriving then does not wait for a sleeping thread to wake (0: off; the price is a core spinning that long). It
+    keeps torch's threads warm, so a model whose forward runs elsewhere (ONNX Runtime's own threads, a GPU) passes 0.
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 0.0, max_queue: int = 1024,
                  max_batch_requests: int | None = None, precision: str | None = None,
-                 max_wait_s: float | None = None, worker_nice: int | None = None):
+                 max_wait_s: float | None = None, worker_nice: int | None = None, keep_warm_ms: float = 50.0):
         _positive("max_batch_tokens", max_batch_tokens)
+        if isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float)) or not 0 <= keep_warm_ms < float("inf"):
+            raise ValueError(f"keep_warm_ms must be a finite number >= 0 (milliseconds; 0: off); got {keep_warm_ms!r}")
+        self.keep_warm_s = keep_warm_ms / 1e3
         if max_wait_s is not None and (isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float))
                                        or not max_wait_s > 0):
             raise ValueError(f"max_wait_s must be a number > 0 (seconds) or None; got {max_wait_s!r}")
@@ -294,17 +306,27 @@ class BatchEncoder:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.worker_nice)
             except OSError:  # never a reason not to serve; the stats say what the worker runs at
                 pass
+        warm = KeepWarm(self.keep_warm_s)
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
+                    wait = warm.next_wait()
+                    if not self._cond.wait(wait) and not self._queue and not self._closed:
+                        break  # a keep-warm tick is due (timed out with nothing queued): run it without the lock
+                if not self._queue and not self._closed:
+                    batch = None
+                elif not self._queue:
                     return  # closed and drained
-                deadline = self._queue[0].arrival + self.fill_wait_s
-                while not self._closed and not self._full() and (left := deadline - time.perf_counter()) > 0:
-                    self._cond.wait(left)
-                batch = self._take()
+                else:
+                    deadline = self._queue[0].arrival + self.fill_wait_s
+                    while not self._closed and not self._full() and (left := deadline - time.perf_counter()) > 0:
+                        self._cond.wait(left)
+                    batch = self._take()
+            if batch is None:
+                warm.tick()
+                continue
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
+            warm.touch()
 
     def _run_batch(self, batch: list[Request]) -> None:
         """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
