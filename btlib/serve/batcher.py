@@ -323,7 +323,10 @@ class BatchEncoder:
                         self._cond.wait(left)
                     batch = self._take()
             if batch is None:
-                warm.tick()
+                try:
+                    warm.tick()
+                except Exception:  # noqa: BLE001 - a tick is an optimisation: never a reason for the worker to stop
+                    warm = KeepWarm(0)  # and never tried again; the accepted requests are still answered
                 continue
             self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
             warm.touch()
