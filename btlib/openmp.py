@@ -40,6 +40,8 @@ import functools
 import os
 import time
 
+import torch
+
 __all__ = ["runtime_path", "release_caller_pool", "KeepWarm"]
 
 OMP_PAUSE_HARD = 2  # omp_pause_resource_t's omp_pause_hard (OpenMP 5.0)
@@ -109,14 +111,12 @@ class KeepWarm:
         """How long to wait for work before the next :meth:`tick` (seconds), or None: the window is closed, wait for
         work without a timeout."""
         left = self._until - time.perf_counter()
-        return min(left, self.TICK_S) if left > 0 and self.window_s > 0 else None
+        return min(left, self.TICK_S) if left > 0 else None  # window 0: touch() leaves _until in the past
 
     def tick(self) -> None:
         """One tiny parallel region on every thread of this thread's pool, if the window is still open."""
         if self._until <= time.perf_counter():
             return
-        import torch
-
         threads = torch.get_num_threads()
         if threads < 2:
             return

@@ -17,20 +17,13 @@ compare ONNX Runtime's rows from a run without it.
 from __future__ import annotations
 
 import argparse
-import os
-import resource
 import time
 
 import torch
 
-from btlib import hardware
 from btlib.bench.serve_load import LABELS, _backend, _model, make_batcher, why_not_available
 from btlib.serve.load import run_load, workload
-
-
-def cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+from serve_helpers import run_line
 
 
 def make(method: str, keep_warm_ms: float):
@@ -69,15 +62,14 @@ def main() -> None:
                 for m in methods if rnd == 0 else methods[::-1]:
                     b = make(m, args.keep_warm_ms)
                     run_load(b.submit, texts[wl], rate, 0.5, seed=9)  # warm-up: first batches of each size
-                    cpu0, wall0 = cpu_s(), time.perf_counter()
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
                     r = run_load(b.submit, texts[wl], rate, 1.0, seed=2 + rnd, min_requests=args.requests)
-                    cores = (cpu_s() - cpu0) / (time.perf_counter() - wall0)  # the process's CPU over the trial
+                    cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)  # the process's CPU over the trial
                     b.close()
                     label = LABELS.get(m, f"packed batcher fp32, max_wait_ms={m.removeprefix('packed_wait_')}")
                     print(f"{wl:8s} {rate:5.0f} req/s  {label:45s} p50 {r['p50_ms']:7.1f}  p99 {r['p99_ms']:7.1f} ms"
                           f"  refused {r['refused']}  lost {r['lost']}  CPU {cores:4.2f} cores", flush=True)
-    print(f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-          f"packed keep_warm_ms={args.keep_warm_ms:g}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
+    print(run_line(args.threads, args.keep_warm_ms))
 
 
 if __name__ == "__main__":

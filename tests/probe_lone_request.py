@@ -12,16 +12,15 @@ within it. ORT runs only where onnxruntime is installed (the compare extra).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 import torch
 
-from btlib import hardware
 from btlib.bench.serve_load import _backend, _model, make_batcher, why_not_available
 from btlib.serve.load import workload
+from serve_helpers import run_line
 
 
 def main() -> None:
@@ -61,8 +60,7 @@ def main() -> None:
             b.close()
             print(f"round {rnd + 1}  {m:16s} after {args.gap_ms:3.0f} ms idle{evicted}: p50 {statistics.median(ts):6.2f} ms"
                   f" (its forward {statistics.median(forward):5.2f} ms; {len(ts)} requests)", flush=True)
-    print(f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-          f"packed keep_warm_ms={args.keep_warm_ms:g}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
+    print(run_line(args.threads, args.keep_warm_ms))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,16 @@ def tiny_modernbert(max_length: int):
                   global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2, eos_token_id=3,
                   cls_token_id=2, sep_token_id=3, max_position_embeddings=64)
     return ModernBertEncoder.from_config(config, tok, max_length=max_length)
+
+
+def run_line(threads: int, keep_warm_ms: float) -> str:
+    """The serving probes' last line: the CPU and the settings that change their latencies (the packed batcher's
+    keep-warm window, a process-wide GOMP_SPINCOUNT)."""
+    import os
+
+    import torch
+
+    from btlib import hardware
+
+    return (f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} threads, "
+            f"packed keep_warm_ms={keep_warm_ms:g}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
