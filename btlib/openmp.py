@@ -38,11 +38,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 import time
 
 import torch
 
-__all__ = ["runtime_path", "release_caller_pool", "KeepWarm"]
+__all__ = ["runtime_path", "release_caller_pool", "lower_priority", "KeepWarm"]
 
 OMP_PAUSE_HARD = 2  # omp_pause_resource_t's omp_pause_hard (OpenMP 5.0)
 
@@ -70,6 +71,17 @@ def _pause():
         return None
     fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
     return fn
+
+
+def lower_priority(nice: int | None) -> None:
+    """Give the calling thread the nice value ``nice`` (0-19; None or 0: leave it) before it starts its OpenMP pool,
+    whose threads inherit it (Linux sets nice per thread). Never a reason to fail: where the OS refuses, the thread
+    runs as it was."""
+    if nice and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
 
 
 def release_caller_pool() -> bool:

@@ -34,9 +34,12 @@ class Held:
 
 
 def held_batcher(model, rate: float | None, **kw):
-    """A BatchEncoder of a Held model, one request running (held), its measured rate stubbed to ``rate``."""
+    """A BatchEncoder of a Held model, one request running (held), its measured rate stubbed to ``rate`` (the full
+    batch the worker times at start too: a Held forward would wait for the gate)."""
     held = Held(model)
-    b = BatchEncoder(held, max_wait_ms=0, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("btlib.serve.batcher.start_rate", lambda *a: (100, 1.0))
+        b = BatchEncoder(held, max_wait_ms=0, **kw)
     b.stats.tokens_per_s = lambda: rate
     running = b.submit(["held by the worker"])
     assert held.started.wait(30)
@@ -134,4 +137,4 @@ def test_cli_refuses_a_bad_max_wait_s_by_name(capsys):
     from btlib.serve.__main__ import main
 
     assert main(["--max-wait-s", "0", "--port", "0"]) == 2
-    assert "max_wait_s must be a number > 0" in capsys.readouterr().err
+    assert "max_wait_s must be a finite number > 0" in capsys.readouterr().err

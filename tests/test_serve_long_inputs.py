@@ -38,9 +38,20 @@ def test_default_refuses_and_fields_choose(refusing, model):
     assert refusing.post("/v1/embeddings", json={"input": LONG}).status_code == 413
     r = refusing.post("/embed", json={"inputs": [LONG], "truncate": True})  # TEI's field: as before
     assert torch.equal(torch.tensor(r.json()), model.encode([LONG]))
-    r = refusing.post("/embed", json={"inputs": [LONG, "short"], "long_inputs": "chunk"})
-    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode([LONG, "short"], long_inputs="chunk"))
-    tokens = model.tokens([LONG, "short"], long_inputs="chunk")
+    # a body asks for less than the server allows, never more: a refusing server does not chunk because a body says so
+    for path, body in (("/embed", {"inputs": [LONG, "short"], "long_inputs": "chunk"}),
+                       ("/v1/embeddings", {"input": LONG, "long_inputs": "chunk"})):
+        r = refusing.post(path, json=body)
+        assert r.status_code == 422 and "does not chunk" in r.text and "--long-inputs chunk" in r.text, r.text
+    r = refusing.post("/embed", json={"inputs": [LONG], "long_inputs": "truncate"})
+    assert r.status_code == 200 and torch.equal(torch.tensor(r.json()), model.encode([LONG]))
+
+
+def test_chunking_server_chunks_when_a_body_asks(chunking, model):
+    r = chunking.post("/embed", json={"inputs": [LONG, "short"], "long_inputs": "chunk"})
+    ref = model.encode([LONG, "short"], long_inputs="chunk", chunk_overlap=16)
+    assert r.status_code == 200 and torch.allclose(torch.tensor(r.json()), ref, atol=1e-6, rtol=0)  # sliced: fp32 rounding
+    tokens = model.tokens([LONG, "short"], long_inputs="chunk", chunk_overlap=16)
     assert r.headers["x-compute-tokens"] == str(sum(tokens.lengths())) and r.headers["x-compute-chunks"] == str(len(tokens))
 
 

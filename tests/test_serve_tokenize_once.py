@@ -110,13 +110,13 @@ def test_each_text_is_tokenized_once_and_every_batch_is_within_the_budget(folder
     assert want - seen == collections.Counter(), "a served text never tokenized"
     extra = seen - want  # besides the served texts: each prompt alone at most once (prompt_length, kept per prompt)
     assert set(extra) <= set(PROMPTS.values()) and max(extra.values(), default=0) <= 1, extra
-    # the budget: each forward's real tokens within it, except the one request over it, which ran alone
+    # the budget: every forward's real tokens within it; the one request over it ran in slices (btlib.serve.slices)
     big = futures[30].tokens
     assert big == 50 > BUDGET
-    over = [s for s in held.seen if s[0] > BUDGET]
-    assert over == [(big, 5)], held.seen
+    assert max(n for n, _ in held.seen) <= BUDGET, held.seen
     assert sum(n for n, _ in held.seen) == first.tokens + sum(f.tokens for f in futures), "counted = run"
-    assert batches < len(requests) // 2, "requests shared batches (one forward per prompt in a batch)"
+    # requests shared batches (one forward per prompt in a batch); the one over the budget took 3 (slices of 20, 20, 10)
+    assert batches < len(requests) // 2 + 2, "requests shared batches"
     for (texts, name), rows in zip(requests, got):  # batched with others: fp32 rounding (batcher.py's docstring)
         torch.testing.assert_close(rows, model.encode(texts, prompt_name=name), atol=1e-6, rtol=0)
 

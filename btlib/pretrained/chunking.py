@@ -30,7 +30,8 @@ from ..padding import segment_ids, segment_sum
 from .st_modules import NormalizeModule, SentenceHead
 from .tokens import Tokens
 
-__all__ = ["LONG_INPUTS", "check_long_inputs", "windows", "default_overlap", "chunk_tokens", "split_head", "pool_chunks"]
+__all__ = ["LONG_INPUTS", "check_long_inputs", "windows", "default_overlap", "chunk_tokens", "split_head", "pool_chunks",
+           "finish_chunks"]
 
 LONG_INPUTS = ("refuse", "truncate", "chunk")
 
@@ -161,3 +162,17 @@ def pool_chunks(rows: Tensor, counts: list[int], weights: list[int]) -> Tensor:
     single = n == 1
     pooled[single] = rows[n.cumsum(0)[single] - 1]
     return pooled
+
+
+def finish_chunks(head, rows: Tensor, chunks: list[int], weights: list[int], output: str = "sentence_embedding",
+                  full_width: bool = False) -> Tensor:
+    """rows (sum(chunks), out) float32, every chunk's row before ``head``'s trailing Normalize (the body of
+    :func:`split_head`: ``encode_tokens(output="unnormalized", full_width=True)`` of the chunks as single sequences)
+    -> (len(chunks), out') float32: pooled per text (:func:`pool_chunks`, ``weights`` the tokens per chunk), then the
+    trailing Normalize (output "sentence_embedding"; "unnormalized" leaves it out), then the head's truncate_dim
+    (unless ``full_width``). The rows may come from several forwards (a server's batches), in order."""
+    _, tail = split_head(head)
+    x = pool_chunks(rows, chunks, weights)  # (texts, out)
+    for m in tail if output == "sentence_embedding" else ():
+        x = m(x)
+    return x if full_width or not head.truncate_dim else x[:, :head.truncate_dim]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..precision import ENCODE_PRECISIONS, resolve_dtype, warn_if_slow_bf16, warn_if_slow_int8
-from .chunking import check_long_inputs, chunk_tokens, pool_chunks, split_head
+from .chunking import check_long_inputs, chunk_tokens, finish_chunks, split_head
 from .outputs import check_output_precision, check_truncate_dim, finish_rows
 from .prompts import Prompts
 from .st_modules import HasHead, SentenceHead
@@ -252,11 +252,9 @@ class SentenceEncoder(Prompts, HasHead):
         if output == "token_embeddings" or sum(tokens.chunks) != len(tokens):
             raise ValueError("chunked tokens give pooled rows only (output 'sentence_embedding' or 'unnormalized'), "
                              f"and their chunk counts must add up to their sequences; got output={output!r}")
-        body, tail = split_head(self.head)
-        x = pool_chunks(self._run(batches, path, runner, body), tokens.chunks, tokens.lengths())  # (texts, d')
-        for m in tail if output == "sentence_embedding" else ():
-            x = m(x)
-        return x if full_width or not self.head.truncate_dim else x[:, :self.head.truncate_dim]
+        body, _ = split_head(self.head)
+        return finish_chunks(self.head, self._run(batches, path, runner, body), tokens.chunks, tokens.lengths(), output,
+                             full_width)
 
     @staticmethod
     def _check_packed(path: str, precision: str | None) -> str:

@@ -14,8 +14,9 @@ and a refusal costs no tokenizing), then on its real tokens under the queue's lo
 from __future__ import annotations
 
 import math
+import time
 
-__all__ = ["Overloaded", "refusal", "retry_after_s"]
+__all__ = ["Overloaded", "refusal", "retry_after_s", "check_settings", "start_rate"]
 
 
 class Overloaded(RuntimeError):
@@ -47,3 +48,55 @@ def refusal(*, queued_texts: int, queued_tokens: int, texts: int, tokens: int, m
             return Overloaded(f"expected wait {wait:.2f} s ({queued_tokens} tokens queued ahead + {tokens} at "
                               f"{tokens_per_s:.0f} tokens/s) exceeds max_wait_s={max_wait_s:g}; retry later", retry)
     return None
+
+
+def _number(name: str, value, low: float, *, integer: bool, strict: bool, none: bool = False) -> None:
+    if value is None and none:
+        return
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not (value > low if strict else value >= low) \
+            or value != value or value == float("inf"):
+        what = f"{'an int' if integer else 'a finite number'} {'>' if strict else '>='} {low:g}"
+        raise ValueError(f"{name} must be {what}{' or None' if none else ''}; got {value!r}")
+
+
+def check_settings(*, max_batch_tokens, max_wait_ms, max_queue, max_batch_requests, max_wait_s, worker_nice,
+                   keep_warm_ms, max_request_tokens) -> None:
+    """ValueError naming the first BatchEncoder setting out of its range (btlib.serve.batcher's docstring)."""
+    _number("max_batch_tokens", max_batch_tokens, 0, integer=True, strict=True)
+    _number("max_wait_ms", max_wait_ms, 0, integer=False, strict=False)
+    _number("max_queue", max_queue, 0, integer=True, strict=True)
+    _number("max_batch_requests", max_batch_requests, 0, integer=True, strict=True, none=True)
+    _number("max_wait_s", max_wait_s, 0, integer=False, strict=True, none=True)
+    _number("keep_warm_ms", keep_warm_ms, 0, integer=False, strict=False)
+    _number("max_request_tokens", max_request_tokens, 0, integer=True, strict=True, none=True)
+    if worker_nice is not None and (isinstance(worker_nice, bool) or not isinstance(worker_nice, int)
+                                    or not 0 <= worker_nice <= 19):
+        raise ValueError(f"worker_nice must be an int in 0..19 (a lower priority than the caller's) or None; "
+                         f"got {worker_nice!r}")
+
+
+def start_rate(model, budget: int, precision: str | None, runs: bool) -> tuple[int, float]:
+    """(tokens, seconds) of one full batch of ``model``: about ``budget`` tokens of filler text in sequences of up to
+    ``max_length``, timed after one untimed run (the first forward pays for the OpenMP pool and the kernels' first
+    use). What ``max_wait_s`` divides by before any request has run: without it, a burst at a cold server filled the
+    whole queue (``--max-wait-s 0.3``: a p50 wait of 8.6 s)."""
+    from .queue import tokenize
+
+    length = max(1, min(budget, model.max_length))
+    text = " ".join(["word"] * length)  # one token a word in every tokenizer here; truncated at max_length
+    item = (text, text) if getattr(model, "scores_pairs", False) else text
+    one = tokenize(model, [item], truncate=True, prompt_name=None)
+    items = [item] * max(1, budget // max(1, one.lengths()[0]))
+    ids = tokenize(model, items, truncate=True, prompt_name=None)
+
+    def run():
+        if runs:
+            model.encode_tokens(ids, batch_size=len(ids), precision=precision)
+        else:
+            model.encode(items, batch_size=len(items), precision=precision)
+
+    run()
+    t0 = time.perf_counter()
+    run()
+    return sum(ids.lengths()), time.perf_counter() - t0

@@ -6,63 +6,53 @@
     emb = await batcher.aencode(["from asyncio"])      # inside a coroutine
     batcher.close()                                    # answers everything accepted, then stops
 
-Why packing matters here: a server's requests arrive with mixed lengths. A padded batcher pays
-``batch x longest`` tokens, so one 256-token passage among 31 ten-token queries makes the batch cost
-8,192 tokens instead of 566; btlib's ``encode`` packs the texts (``cu_seqlens``) and pays only the
-real tokens, so the batcher can form batches by a token budget, as text-embeddings-inference does.
+Why packing matters here: a padded batcher pays ``batch x longest`` tokens, so one 256-token passage among 31
+ten-token queries costs 8,192 tokens instead of 566; btlib packs the texts (``cu_seqlens``) and pays only the real
+tokens, so the batcher forms batches by a token budget, as text-embeddings-inference does.
 
 Scheduling (one worker thread; TEI's queue):
 
-- Batches fill by a token budget, ``max_batch_tokens`` (and at most ``max_batch_requests`` requests).
-  The default, 512, is a CPU budget: a forward costs a fixed part plus a part per token (notebook 09 fits
-  both on the machine at hand), and at 512 tokens the per-token part dominates while a full batch stays a
-  few tens of milliseconds on 2 CPU threads, so p99 stays within a few batch times; TEI's 16384 is a GPU
-  budget (on a CPU, a batch of a second or more).
+- Batches fill by a token budget, ``max_batch_tokens`` (and at most ``max_batch_requests`` requests). The default,
+  512, is a CPU budget: a forward costs a fixed part plus a part per token (notebook 09 fits both), and at 512 tokens
+  the per-token part dominates while a batch stays a few tens of milliseconds on 2 CPU threads; TEI's 16384 is a GPU
+  budget.
 - A batch waits at most ``max_wait_ms`` after its oldest request arrived for more requests; 0, the default, waits
-  nowhere (TEI). The worker is busy during a forward, so under load batches fill without waiting, and a batch that
-  waits for company it does not need only adds to its latency: with 2 ms of waiting, the batcher's p50 at 192 short
-  queries/s was 6.9-7.4 ms against 5.0-6.0 ms without, and at 512 queries/s, near the knee, p99 92-194 ms against
-  56-82 (MiniLM, 2 threads, AMD EPYC Zen 4, two rounds each: ``python tests/probe_half_load.py``).
+  nowhere (TEI): under load batches fill while the worker computes, and waiting for company only adds latency (2 ms
+  of waiting raised the p50 at 192 short queries/s by ~2 ms: ``python tests/probe_half_load.py``).
 - FIFO with an age bound: every batch starts with the oldest waiting request, then takes the later
   requests that still fit the budget in arrival order. So short queries may fill the room a long
   passage leaves, but a request waits at most for the requests older than it: none starves.
+- No forward holds more than ``max_batch_tokens`` tokens: a request bigger than the budget (many texts, or a long
+  text's chunks) runs in slices over consecutive batches, cut between sequences (btlib.serve.slices), and is answered
+  once its last slice ran. ``max_request_tokens`` caps a request's tokens after chunking (RequestTooLarge: 413).
 - A bounded queue, ``max_queue`` texts: a request that does not fit is refused at once with
   :class:`Overloaded` (an HTTP server answers 429), never dropped silently or queued without bound; with
   ``max_wait_s``, also a request whose expected wait (tokens queued ahead and its own, at the measured rate) is
-  longer (btlib.serve.admission). An accepted request is always answered.
+  longer (btlib.serve.admission), from the first request on: the worker times a full batch at start. An accepted
+  request is always answered.
 
-One OpenMP pool (btlib.openmp): the worker thread runs every forward, so the thread that builds the batcher (the one
-that loaded and warmed the model) releases its own OpenMP pool at start. Two pools on 2 CPUs put libgomp's waits in
-its throttled mode (a sleep and a wake per parallel region), which made a one-query forward take 7.4 ms in the worker
-against 3.3 ms in the main thread (MiniLM, AMD EPYC Zen 4, 2 cores). A caller that runs torch in that thread later
-starts a new pool, and with it the slow mode, until the next batcher starts.
+One OpenMP pool (btlib.openmp): the worker runs every forward, so the thread that builds the batcher releases its own
+pool; two pools on 2 CPUs put libgomp in its throttled mode (a one-query forward took 7.4 ms instead of 3.3).
 
 Warm threads at light load (btlib.openmp.KeepWarm): for ``keep_warm_ms`` (50) after each batch, the idle worker runs a
-tiny parallel region every 2 ms, so its OpenMP threads are still spinning when the next request comes. Left to sleep,
-they took ~8 ms to wake on a 2-core VM, and one request at a time 60 ms apart took a p50 of 13.3-14.0 ms against 3.4
-kept warm (MiniLM, AMD EPYC Zen 5: ``python tests/probe_lone_request.py --gap-ms 60 [--keep-warm-ms 0]``). The price
-is a core spinning for that window after each batch; under load the worker is never idle and never ticks.
+tiny parallel region every 2 ms, so its OpenMP threads still spin when the next request comes (asleep, they took ~8 ms
+to wake on a 2-core VM: tests/probe_lone_request.py), at the price of a core spinning for that window.
 
-Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included, and the queue holds those
-ids; a batch is packed from them and the model runs them (``model.encode_tokens``), so the budget counts exactly the
-tokens each forward sees and no text is tokenized twice. A model without ``tokens`` / ``encode_tokens`` is counted by
-its tokenizer at submit and runs ``encode(texts)``.
-
-The items are texts, or (query, text) pairs for a cross-encoder (:class:`btlib.serve.rerank.PairScorer`
-is a reranker's Encoder face): a pair costs its tokens like a text, so the same queue, budget and
-refusals serve /rerank without a second batcher.
+Tokenized once (btlib.serve.queue): a request is tokenized at submit, prompt included; the queue holds those ids
+and the model runs them (``model.encode_tokens``), so the budget counts exactly the tokens a forward sees. A model
+without ``tokens`` / ``encode_tokens`` is counted by its tokenizer and runs ``encode(texts)``. Items are texts, or
+(query, text) pairs for a cross-encoder (btlib.serve.rerank.PairScorer): the same queue serves /rerank.
 
 Answers are what ``model.encode`` gives for the texts of the batch they ran in: a batch's output is
 ``model.encode(all its texts)`` (as ``encode_tokens`` of their ids, bit for bit) split by request, so a request
-run alone equals ``model.encode`` of it bit for bit. Whether a row also equals its own ``encode`` when batched with others is the BLAS's
-business: with fp32 MKL on an AVX2 Zen 3 a row's last bits depend on the number of rows in the GEMM
-(differences ~2e-7, measured), so those answers agree to fp32 rounding, not bit for bit.
+run alone within the budget equals ``model.encode`` of it bit for bit. Batched with others, or cut into slices, a row
+agrees to fp32 rounding: with fp32 MKL on an AVX2 Zen 3 a row's last bits depend on the number of rows in the GEMM
+(differences ~2e-7, measured).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections import deque
@@ -71,62 +61,44 @@ from typing import Sequence
 
 from torch import Tensor
 
-from ..openmp import KeepWarm, release_caller_pool
+from ..openmp import KeepWarm, lower_priority, release_caller_pool
 from ..precision import ENCODE_PRECISIONS, check_precision
 from ..pretrained.encoding import Tokens
-from .admission import Overloaded, refusal
-from .queue import Encoder, InputTooLong, Item, Request, check_items, encode_batch, runs_tokens, take, tokenize
+from .admission import Overloaded, check_settings, refusal, start_rate
+from .queue import Encoder, InputTooLong, Item, Request, RequestTooLarge, check_items, runs_tokens, tokenize
+from .slices import Slice, deliver, encode_slices, take
 from .stats import BatcherStats
 
-__all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "Encoder"]
-
-
-def _positive(name: str, value, kind=int, allow_zero: bool = False) -> None:
-    ok = isinstance(value, kind) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} {kind.__name__}; got {value!r}")
+__all__ = ["BatchEncoder", "Overloaded", "InputTooLong", "RequestTooLarge", "Encoder"]
 
 
 class BatchEncoder:
     """Thread-safe dynamic batcher around ``model.encode`` (see the module docstring for the policy).
 
     model: a loaded encoder (``btlib.load_pretrained(...)``: BERT family or ModernBERT), or anything with
-    its ``tokenizer``, ``max_length`` and ``encode``. max_batch_tokens: token budget of one forward pass
-    (a request bigger than it runs alone). max_wait_ms: how long a batch may wait to fill, >= 0.
-    max_queue: texts waiting at most; more is refused with :class:`Overloaded`. max_batch_requests:
-    requests per batch at most (None: only the token budget counts). max_wait_s: refuse a request whose expected wait, (tokens queued ahead + its tokens) / the measured tokens per
-    second, exceeds it (None: the count cap only; before the first batch measures a rate, the count cap only).
-    Not ``max_wait_ms``, which is how long a batch waits to fill. precision: passed to ``encode``
-    (checked here, once, against the model's own ``PRECISIONS``: a server started with int8 on a family
-    without an int8 twin is refused at start, not with an error at every request). worker_nice: the worker
-    thread's nice value, 0-19 (None: as the caller's; Linux sets it per thread, and the worker's OpenMP pool threads,
-    started by the worker, inherit it): a server's event loop and its clients then run first when they wake, and the
-    forwards take the CPU they leave. ``python -m btlib.serve`` sets 10; see its --worker-nice. keep_warm_ms: for how
-    long after each batch the idle worker keeps its OpenMP threads spinning (btlib.openmp.KeepWarm), so that a request
-    arriving then does not wait for a sleeping thread to wake (0: off; the price is a core spinning that long). It
-    keeps torch's threads warm, so a model whose forward runs elsewhere (ONNX Runtime's own threads, a GPU) passes 0.
+    its ``tokenizer``, ``max_length`` and ``encode``. max_batch_tokens: token budget of one forward pass (a request
+    bigger than it runs in slices; one sequence longer than it runs alone). max_request_tokens: a request's tokens at
+    most, after chunking (None: no cap; more is refused with :class:`RequestTooLarge`). max_wait_ms: how long a batch
+    may wait to fill, >= 0. max_queue: texts waiting at most; more is refused with :class:`Overloaded`.
+    max_batch_requests: requests (slices) per batch at most (None: only the token budget counts). max_wait_s: refuse a
+    request whose expected wait, (tokens queued ahead + its tokens) / tokens per second, exceeds it (None: the count cap
+    only); the rate is a full batch timed by the worker at start, then the batches that ran. Not ``max_wait_ms``,
+    which is how long a batch waits to fill. precision: passed to ``encode`` (checked here, once, against the model's
+    own ``PRECISIONS``: a server started with int8 on a family without an int8 twin is refused at start).
+    worker_nice: the worker thread's nice value, 0-19 (None: as the caller's; Linux sets it per thread, and the
+    worker's OpenMP threads inherit it): a server's event loop and its clients then run first when they wake.
+    keep_warm_ms: for how long after each batch the idle worker keeps its OpenMP threads spinning
+    (btlib.openmp.KeepWarm; 0: off). A model whose forward runs off torch's threads (ONNX Runtime, a GPU) passes 0.
     """
 
     def __init__(self, model: Encoder, *, max_batch_tokens: int = 512, max_wait_ms: float = 0.0, max_queue: int = 1024,
                  max_batch_requests: int | None = None, precision: str | None = None,
-                 max_wait_s: float | None = None, worker_nice: int | None = None, keep_warm_ms: float = 50.0):
-        _positive("max_batch_tokens", max_batch_tokens)
-        if isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float)) or not 0 <= keep_warm_ms < float("inf"):
-            raise ValueError(f"keep_warm_ms must be a finite number >= 0 (milliseconds; 0: off); got {keep_warm_ms!r}")
-        self.keep_warm_s = keep_warm_ms / 1e3
-        if max_wait_s is not None and (isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float))
-                                       or not max_wait_s > 0):
-            raise ValueError(f"max_wait_s must be a number > 0 (seconds) or None; got {max_wait_s!r}")
-        _positive("max_queue", max_queue)
-        if worker_nice is not None and (isinstance(worker_nice, bool) or not isinstance(worker_nice, int)
-                                        or not 0 <= worker_nice <= 19):
-            raise ValueError(f"worker_nice must be an int in 0..19 (a lower priority than the caller's) or None; "
-                             f"got {worker_nice!r}")
-        self.worker_nice = worker_nice
-        if max_batch_requests is not None:
-            _positive("max_batch_requests", max_batch_requests)
-        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not max_wait_ms >= 0:
-            raise ValueError(f"max_wait_ms must be a number >= 0; got {max_wait_ms!r}")
+                 max_wait_s: float | None = None, worker_nice: int | None = None, keep_warm_ms: float = 50.0,
+                 max_request_tokens: int | None = None):
+        check_settings(max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                       max_batch_requests=max_batch_requests, max_wait_s=max_wait_s, worker_nice=worker_nice,
+                       keep_warm_ms=keep_warm_ms, max_request_tokens=max_request_tokens)
+        self.keep_warm_s, self.worker_nice, self.max_request_tokens = keep_warm_ms / 1e3, worker_nice, max_request_tokens
         if getattr(model, "tokenizer", None) is None or not hasattr(model, "encode"):
             raise TypeError("model needs a tokenizer and encode(): pass btlib.load_pretrained(...) (a model made by "
                             "from_config without a tokenizer cannot count tokens)")
@@ -146,8 +118,12 @@ class BatchEncoder:
         # The worker's forwards get their own OpenMP pool; the constructing thread's (it loaded the model) would make
         # the process's OpenMP threads outnumber the CPUs, and libgomp then all but stops spinning (btlib.openmp).
         release_caller_pool()
+        self._started, self._start_error = threading.Event(), None
         self._worker = threading.Thread(target=self._run, name="btlib-batch-encoder", daemon=True)
         self._worker.start()
+        self._started.wait()  # with max_wait_s, the worker has timed a full batch: the bound holds from the first request
+        if self._start_error is not None:
+            raise RuntimeError(f"the model failed a full batch at start: {self._start_error}") from self._start_error
 
     # -- callers -----------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[Item], *, truncate: bool | str = True, prompt_name: str | None = None,
@@ -174,14 +150,14 @@ class BatchEncoder:
         truncate: True cuts a text at max_length; False ("refuse") raises InputTooLong; "chunk" runs its chunks (in
         the same batches as everything else) and answers their pooled row (:meth:`tokenize`): the future's ``tokens``
         and ``lengths`` are then the chunks' (what ran), ``chunks`` the chunks per text.
-
-        The future also says where its time went once done (seconds, what TEI's x-*-time headers report):
-        ``tokenize_s`` (at submit), ``queue_s`` (submit to its batch's start), ``inference_s`` (its batch's forward).
+        Once done, the future says where its time went (seconds; TEI's x-*-time headers): ``tokenize_s``,
+        ``queue_s`` (submit to its first batch's start), ``inference_s`` (the forwards its slices ran in).
 
         Raises at once, queueing nothing: :class:`Overloaded` when the queue has no room, InputTooLong
-        (truncate=False and a text too long with its prompt), TypeError for texts that are not a list of str or
-        pairs, ValueError for a text with a lone surrogate, an unknown prompt_name, an output the model cannot give
-        or more texts than ``max_queue``, RuntimeError after :meth:`close`.
+        (truncate=False and a text too long with its prompt), RequestTooLarge (past ``max_request_tokens``),
+        TypeError for texts that are not a list of str or pairs, ValueError for a text with a lone surrogate, an
+        unknown prompt_name, an output the model cannot give or more texts than ``max_queue``, RuntimeError after
+        :meth:`close`.
         """
         texts = check_items(texts)
         self._check_output(output, len(texts))
@@ -219,6 +195,10 @@ class BatchEncoder:
         future.lengths = ids.lengths()
         future.chunks = ids.chunks if ids.chunks is not None else [1] * len(texts)
         tokens = future.tokens = sum(future.lengths)
+        if self.max_request_tokens is not None and tokens > self.max_request_tokens:
+            chunks = f" in {len(ids)} chunks" if ids.chunks is not None and len(ids) > len(texts) else ""
+            raise RequestTooLarge(f"this request is {tokens:,} tokens{chunks}, more than this server's max_request_tokens="
+                                  f"{self.max_request_tokens:,}; split it, or truncate its long inputs")
         arrival = time.perf_counter()
         future.tokenize_s = arrival - start
         with self._cond:
@@ -227,7 +207,7 @@ class BatchEncoder:
             if (refused := self._refusal(len(texts), tokens)) is not None:
                 self.stats.refuse()
                 raise refused
-            self._queue.append(Request(texts, tokens, arrival, future, prompt_name, ids, output))
+            self._queue.append(Request(texts, tokens, arrival, future, prompt_name, ids, output, lengths=future.lengths))
             self._queued_texts += len(texts)
             self._queued_tokens += tokens
             self.stats.accepted(len(texts))
@@ -290,22 +270,25 @@ class BatchEncoder:
 
     # -- the worker --------------------------------------------------------------------------
     def _full(self) -> bool:
-        return self._queued_tokens >= self.max_batch_tokens or (
-            self.max_batch_requests is not None and len(self._queue) >= self.max_batch_requests)
+        return self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= (self.max_batch_requests or 1 << 62)
 
-    def _take(self) -> list[Request]:
-        """The oldest request, then later ones that fit the remaining budget, in arrival order (lock held)."""
-        batch, self._queue = take(self._queue, self.max_batch_tokens, self.max_batch_requests)
-        self._queued_texts -= sum(len(r.texts) for r in batch)
-        self._queued_tokens -= sum(r.tokens for r in batch)
+    def _take(self) -> list[Slice]:
+        """The next batch of slices (btlib.serve.slices.take; lock held)."""
+        batch = take(self._queue, self.max_batch_tokens, self.max_batch_requests)
+        self._queued_texts -= sum(len(s.request.texts) for s in batch if s.last)
+        self._queued_tokens -= sum(s.tokens for s in batch)
         return batch
 
     def _run(self) -> None:
-        if self.worker_nice and hasattr(os, "setpriority"):  # before the first forward starts the OpenMP pool
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.worker_nice)
-            except OSError:  # never a reason not to serve; the stats say what the worker runs at
-                pass
+        lower_priority(self.worker_nice)  # before the first forward starts the OpenMP pool
+        try:
+            if self.max_wait_s is not None:  # on this thread: its OpenMP pool is the one the forwards run on
+                self.stats.prime(*start_rate(self.model, self.max_batch_tokens, self.precision, self._runs_tokens))
+        except Exception as e:  # noqa: BLE001 - the constructor raises it
+            self._start_error = e
+            return
+        finally:
+            self._started.set()
         warm = KeepWarm(self.keep_warm_s)
         while True:
             with self._cond:
@@ -328,31 +311,40 @@ class BatchEncoder:
                 except Exception:  # noqa: BLE001 - a tick is an optimisation: never a reason for the worker to stop
                     warm = KeepWarm(0)  # and never tried again; the accepted requests are still answered
                 continue
-            self._run_batch([r for r in batch if r.future.set_running_or_notify_cancel()])
+            self._run_batch([s for s in batch if s.start or s.request.future.set_running_or_notify_cancel()])
             warm.touch()
 
-    def _run_batch(self, batch: list[Request]) -> None:
-        """One forward for the batch; if it raises, each request again on its own, so that an input the checks at
-        submit did not catch fails only the request that sent it, not every request that shared its batch."""
+    def _run_batch(self, batch: list[Slice]) -> None:
+        """One forward for the batch; if it raises, each slice again on its own, so that an input the checks at submit
+        did not catch fails only the request that sent it (its slices not run yet leave the queue), not every request
+        that shared its batch."""
+        for s in batch:
+            if not s.request.future.running():  # cancelled, or failed in an earlier slice
+                self._drop(s.request)
+        batch = [s for s in batch if s.request.future.running()]
         if not batch:
             return
-        texts = [t for r in batch for t in r.texts]
         t0 = time.perf_counter()
         try:
-            parts, error = encode_batch(self.model, batch, self._runs_tokens, self.precision), None
+            parts, error = encode_slices(self.model, batch, self._runs_tokens, self.precision), None
         except Exception as e:  # noqa: BLE001 - the error belongs to the callers of this batch, not to the worker
             parts, error = None, e
         done = time.perf_counter()
+        sequences = sum(s.sequences for s in batch)
         if error is not None and len(batch) > 1:
-            self.stats.batch(len(texts), 0, done - t0, [], failed=True)  # its tokens count when their retry runs
-            for r in batch:
-                self._run_batch([r])
+            self.stats.batch(sequences, 0, done - t0, [], failed=True)  # its tokens count when their retry runs
+            for s in batch:
+                self._run_batch([s])
             return
-        for i, r in enumerate(batch):
-            r.future.queue_s, r.future.inference_s = t0 - r.arrival, done - t0  # read by the caller once it is done
-            if error is None:
-                r.future.set_result(parts[i])
-            else:
-                r.future.set_exception(error)
-        self.stats.batch(len(texts), sum(r.tokens for r in batch), done - t0,
-                         [(done - r.arrival) * 1e3 for r in batch], failed=error is not None)
+        if error is not None:
+            self._drop(batch[0].request)
+        finished_ms = deliver(self.model, batch, parts, error, t0, done)
+        self.stats.batch(sequences, sum(s.tokens for s in batch), done - t0, finished_ms, failed=error is not None)
+
+    def _drop(self, r: Request) -> None:
+        """A failed request's slices not taken yet leave the queue (it is answered with the error now)."""
+        with self._cond:
+            if r.taken < len(r.lengths) and r in self._queue:
+                self._queue.remove(r)
+                self._queued_texts -= len(r.texts)
+                self._queued_tokens -= sum(r.lengths[r.taken:])

@@ -15,9 +15,8 @@ pairs), so the budget counts exactly the tokens a forward sees. Another model (a
 from __future__ import annotations
 
 import inspect
-from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from torch import Tensor
@@ -25,8 +24,8 @@ from torch import Tensor
 from ..pretrained.chunking import LONG_INPUTS
 from ..pretrained.encoding import Tokens, check_texts
 
-__all__ = ["Item", "Encoder", "InputTooLong", "Request", "check_items", "runs_tokens", "long_mode", "tokenize", "take",
-           "encode_batch"]
+__all__ = ["Item", "Encoder", "InputTooLong", "RequestTooLarge", "Request", "check_items", "runs_tokens", "long_mode",
+           "tokenize"]
 
 Item = str | tuple[str, str]  # a text, or a (query, text) pair
 
@@ -56,6 +55,10 @@ class InputTooLong(ValueError):
     """A text has more tokens than the model takes and truncation was not allowed (HTTP 413)."""
 
 
+class RequestTooLarge(ValueError):
+    """A request's tokens, after chunking, pass the batcher's ``max_request_tokens`` (HTTP 413): nothing was queued."""
+
+
 def check_items(texts: object) -> list[Item]:
     """``texts`` as a list of str / (str, str) pairs (a 2-list becomes a tuple, as the tokenizer takes pairs); TypeError else,
     ValueError for a text that is not Unicode (a lone surrogate, btlib.pretrained.encoding.check_text)."""
@@ -72,7 +75,7 @@ def check_items(texts: object) -> list[Item]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # found in the queue by identity (its parts are tensors)
 class Request:
     texts: list[Item]
     tokens: int  # what it costs against the budget: sum(ids.lengths())
@@ -81,6 +84,11 @@ class Request:
     prompt_name: str | None = None  # None: the folder's default prompt, as encode without one
     ids: Tokens | None = None  # the texts tokenized at submit: what runs, where the model runs tokens
     output: str | None = None  # encode_tokens' output= (None: the model's rows, "sentence_embedding")
+    lengths: list[int] = field(default_factory=list)  # tokens per sequence (a text, or a chunk): where slices may cut
+    taken: int = 0  # sequences handed to batches so far (btlib.serve.slices.take)
+    parts: list[Tensor] = field(default_factory=list)  # the rows of the slices that ran, in order
+    rows: Tensor | None = None  # the answer, once the last slice ran (chunks pooled)
+    inference_s: float = 0.0  # seconds of the forwards its slices ran in
 
 
 def runs_tokens(model) -> bool:
@@ -148,42 +156,3 @@ def _prompt_note(model, prompt_name: str | None) -> str:
     if not prompt:
         return ""
     return f" with its prompt {prompt!r:.60} ({len(model.tokenizer.encode(prompt, add_special_tokens=False).ids)} tokens)"
-
-
-def take(queue: deque[Request], budget: int, max_requests: int | None) -> tuple[list[Request], deque[Request]]:
-    """(the batch, the requests left): the oldest request, then later ones that fit the remaining token ``budget``
-    (and ``max_requests``), in arrival order. The batch's tokens are within the budget, unless its first request alone
-    is over it: that one runs alone."""
-    head = queue.popleft()
-    batch, budget, rest = [head], budget - head.tokens, deque()
-    while queue:
-        r = queue.popleft()
-        if (max_requests is None or len(batch) < max_requests) and r.tokens <= budget:
-            batch.append(r)
-            budget -= r.tokens
-        else:
-            rest.append(r)
-    return batch, rest
-
-
-def encode_batch(model: Encoder, batch: list[Request], runs: bool, precision: str | None) -> list[Tensor]:
-    """Each request's (len(r.texts), d) rows: one forward per prompt in the batch (encode puts one prompt before all
-    its texts), so a batch of one prompt, the usual case, is one forward: ``encode_tokens`` of the ids tokenized
-    at submit, packed together (else ``encode`` of the texts)."""
-    groups: dict[tuple, list[Request]] = {}
-    for r in batch:  # token-id inputs carry no prompt: they join no prompted request's forward
-        key = (r.prompt_name, r.ids.prompt_length if r.ids is not None else None, r.output)
-        groups.setdefault(key, []).append(r)
-    rows: dict[int, Tensor] = {}
-    for (name, _, output), requests in groups.items():
-        if runs:
-            ids = Tokens.join([r.ids for r in requests])
-            kw = {} if output is None else {"output": output}
-            emb = model.encode_tokens(ids, batch_size=len(ids), precision=precision, **kw)  # (len(ids), d)
-        else:
-            texts = [t for r in requests for t in r.texts]
-            prompt = {} if name is None else {"prompt_name": name}
-            emb = model.encode(texts, batch_size=len(texts), precision=precision, **prompt)
-        sizes = [r.tokens if output == "token_embeddings" else len(r.texts) for r in requests]  # rows per request
-        rows.update(zip(map(id, requests), emb.split(sizes)))
-    return [rows[id(r)] for r in batch]

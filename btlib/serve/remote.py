@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 from .client import HttpEncoder
 from .extras import missing
@@ -37,8 +38,8 @@ def http_missing() -> str | None:
 class ServerProcess:
     """``python -m btlib.serve`` on a free port of 127.0.0.1: started and ready (GET /health is 200) when this returns.
 
-    The settings are the batcher's (see ``python -m btlib.serve --help``); overlong inputs are truncated, as
-    :meth:`BatchEncoder.submit` does by default. env: variables added to this process's for the server (e.g.
+    The settings are the batcher's (see ``python -m btlib.serve --help``; ``args``: more of its flags); overlong
+    inputs are truncated (``long_inputs``), as :meth:`BatchEncoder.submit` does by default. env: variables added to this process's for the server (e.g.
     BTLIB_GEMM). The server reads the same hardware cache (btlib.hardware), so it takes this process's GEMM
     paths once this machine's rates are cached; until then its first request measures them (~45 s on a busy
     2-core Xeon, whose time-boxed measurement is not cached). ``url``, ``port``, ``pid``; :meth:`stop` (or leaving the
@@ -48,13 +49,15 @@ class ServerProcess:
 
     def __init__(self, *, model: str | Path | None = None, max_batch_tokens: int = 512, max_wait_ms: float = 0.0,
                  max_queue: int = 64, threads: int | None = None, precision: str | None = None,
-                 max_wait_s: float | None = None, worker_nice: int | None = None, env: dict[str, str] | None = None, start_timeout_s: float = 180.0, stop_timeout_s: float = 30.0):
+                 max_wait_s: float | None = None, worker_nice: int | None = None, env: dict[str, str] | None = None,
+                 start_timeout_s: float = 180.0, stop_timeout_s: float = 30.0, long_inputs: str = "truncate",
+                 args: Sequence[str] = ()):
         why = http_missing()
         if why:
             raise ImportError(why)
         cmd = [sys.executable, "-m", "btlib.serve", "--port", "0", "--max-batch-tokens", str(max_batch_tokens),
                "--max-wait-ms", str(max_wait_ms), "--max-queue", str(max_queue), "--max-inputs", str(min(max_queue, 256)),
-               "--auto-truncate"]
+               "--long-inputs", long_inputs, *args]
         cmd += ["--model", str(model)] if model else []
         cmd += ["--threads", str(threads)] if threads else []
         cmd += ["--precision", precision] if precision else []
@@ -112,6 +115,15 @@ class ServerProcess:
                 fields = f.read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
         except (OSError, ValueError, IndexError):
+            return None
+
+    def rss_mb(self) -> tuple[float, float] | None:
+        """(resident, peak resident) MiB of the server process (Linux /proc VmRSS, VmHWM), or None elsewhere."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                kb = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
+            return int(kb["VmRSS"].split()[0]) / 1024, int(kb["VmHWM"].split()[0]) / 1024
+        except (OSError, ValueError, KeyError):
             return None
 
     def stop(self) -> None:

@@ -15,8 +15,10 @@ vocabulary, at most ``max_length`` of them (cut there where truncation is allowe
 
 Long inputs (btlib.pretrained.chunking): the server's mode (``long_inputs``: "refuse", TEI's default; "truncate",
 TEI's --auto-truncate; "chunk") unless a request's ``truncate`` (true: "truncate", false: "refuse") or btlib's
-``long_inputs`` field says otherwise. Chunks run in the same batches as every other input, count in the token budget
-and in usage (what ran), and a text's answer is its chunks' pooled row. Routes whose answer cannot pool chunks
+``long_inputs`` field says otherwise: a body may ask for less than the server allows (refuse or truncate), never more
+("chunk" only where the server chunks: 422 elsewhere). Chunks run in the same batches as every other input, sliced to
+the token budget (btlib.serve.slices), count against the queue, ``max_wait_s`` and ``max_request_tokens`` (413) before
+the request is queued, and in usage (what ran); a text's answer is its chunks' pooled row. Routes whose answer cannot pool chunks
 (/embed_all's token states, the rerank routes' pairs) refuse a long input under "chunk" unless truncate is true.
 """
 
@@ -34,7 +36,7 @@ from torch import Tensor
 from ..pretrained.encoding import Tokens
 from ..pretrained.outputs import check_truncate_dim, truncate_rows
 from ..pretrained.st_modules import NormalizeModule
-from .batcher import BatchEncoder, InputTooLong, Overloaded
+from .batcher import BatchEncoder, InputTooLong, Overloaded, RequestTooLarge
 from .queue import long_mode
 from .bodies import OFF_LOOP_BYTES
 from .guards import HTTPError
@@ -121,6 +123,10 @@ class Service:
                 raise HTTPError(422, f"truncate={str(truncate).lower()} and long_inputs={long_inputs!r} disagree: send one "
                                      "of them", "Validation", param="long_inputs")
             mode = long_inputs
+        if mode == "chunk" and self.long_inputs != "chunk":  # a body may ask for less than the server allows, never more
+            raise HTTPError(422, f"long_inputs='chunk': this server does not chunk long inputs (it was started with "
+                                 f"long_inputs={self.long_inputs!r}: python -m btlib.serve --long-inputs chunk allows "
+                                 "it); send truncate=true, or shorten the text", "Validation", param="long_inputs")
         if chunk_overlap is not None and mode != "chunk":
             raise HTTPError(422, f"chunk_overlap applies to long_inputs='chunk' only (this request's is {mode!r})",
                             "Validation", param="chunk_overlap")
@@ -233,6 +239,8 @@ class Service:
             raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:
             raise HTTPError(413, str(e), "invalid_request_error") from None
+        except RequestTooLarge as e:  # its tokens after chunking: --max-request-tokens
+            raise HTTPError(413, str(e), "invalid_request_error", param=field) from None
         except ValueError as e:  # a text that is not Unicode (a lone surrogate)
             raise HTTPError(422, f"{field}: {e}", "invalid_request_error", param=field) from None
         except RuntimeError as e:  # closed: the server is shutting down

@@ -64,6 +64,8 @@ class BatcherStats:
     batches: int = 0
     tokens: int = 0         # tokens encoded (what the forward passes cost)
     busy_s: float = 0.0     # time spent inside the model
+    _prior_tokens: int = 0  # a full batch timed at start (prime)
+    _prior_s: float = 0.0
     _latency_ms: deque = field(default_factory=deque)
     _batch_tokens: deque = field(default_factory=deque)
     _batch_texts: deque = field(default_factory=deque)
@@ -99,10 +101,18 @@ class BatcherStats:
             self.batch_size_hist.observe(n_texts)
             self.batch_tokens_hist.observe(n_tokens)
 
-    def tokens_per_s(self) -> float | None:
-        """Tokens per second of model time so far (None before the first batch): how fast the queue drains."""
+    def prime(self, tokens: int, seconds: float) -> None:
+        """Count a forward timed at start (btlib.serve.admission.start_rate) in :meth:`tokens_per_s`, not in the
+        counters: the rate then exists before the first request, and the batches that run refine it."""
         with self._lock:
-            return self.tokens / self.busy_s if self.busy_s > 0 else None
+            self._prior_tokens, self._prior_s = tokens, seconds
+
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second of model time so far, the start's timed batch included (None before any): how fast the
+        queue drains."""
+        with self._lock:
+            seconds = self.busy_s + self._prior_s
+            return (self.tokens + self._prior_tokens) / seconds if seconds > 0 else None
 
     def snapshot(self) -> dict:
         """Counters, then recent percentiles: latency_p50/p90/p99_ms, batch_tokens_p50/max, batch_texts_p50."""

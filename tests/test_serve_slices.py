@@ -1,0 +1,120 @@
+"""No forward holds more than the token budget (btlib.serve.slices): a request bigger than max_batch_tokens, many texts
+or one long text's chunks, runs in slices over consecutive batches and is answered as encode answers it (to fp32
+rounding); max_request_tokens refuses a request by its tokens after chunking, queueing nothing; max_wait_s holds from
+the first request (a full batch timed at start). Each test fails on e398218, where a request ran in one forward whatever
+its size, nothing capped its tokens and the rate was unknown until the first batch had run."""
+
+import threading
+
+import pytest
+import torch
+
+from btlib.serve import BatchEncoder, Overloaded
+from btlib.serve.batcher import RequestTooLarge
+from model_folder import needs_model
+
+TESTED_HERE = ["btlib.serve.slices", "btlib.serve.batcher", "btlib.serve.admission", "btlib.serve.queue"]
+
+pytestmark = needs_model
+
+LONG = " ".join(f"token{i % 37} window" for i in range(600))  # ~3,000 tokens of MiniLM: 13 chunks of <= 256
+BUDGET = 512
+
+
+class Forwards:
+    """Wraps the model's encode_tokens at class level (runs_tokens still sees a bound method) and records each
+    forward's tokens; ``gate`` holds the first forward until set."""
+
+    def __init__(self, monkeypatch, model, gate: threading.Event | None = None):
+        self.tokens, self.gate, self.started = [], gate, threading.Event()
+        real = type(model).encode_tokens
+
+        def encode_tokens(this, tokens, **kw):
+            self.tokens.append(sum(tokens.lengths()))
+            self.started.set()
+            if self.gate is not None:
+                assert self.gate.wait(60), "test gate never released"
+            return real(this, tokens, **kw)
+
+        monkeypatch.setattr(type(model), "encode_tokens", encode_tokens)
+
+
+def test_a_chunked_text_runs_in_slices_within_the_budget(model, monkeypatch):
+    ref = model.encode([LONG, "a short one"], long_inputs="chunk")
+    n_tokens = sum(model.tokens([LONG, "a short one"], long_inputs="chunk").lengths())
+    forwards = Forwards(monkeypatch, model)
+    with BatchEncoder(model, max_batch_tokens=BUDGET) as b:
+        f = b.submit([LONG, "a short one"], truncate="chunk")
+        got = f.result(120)
+    assert max(forwards.tokens) <= BUDGET and sum(forwards.tokens) == n_tokens == f.tokens
+    assert len(forwards.tokens) >= -(-n_tokens // BUDGET)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
+    assert torch.allclose(got.norm(dim=1), torch.ones(2), atol=1e-6)  # pooled, then normalised once
+    assert b.snapshot()["batch_tokens_max"] <= BUDGET and b.snapshot()["requests"] == 1
+
+
+def test_many_texts_run_in_slices_and_keep_their_order(model, monkeypatch):
+    texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(60)]  # ~1,600 tokens in all
+    ref = model.encode(texts)
+    ref_states = model.encode_tokens(model.tokens(texts), output="token_embeddings")
+    forwards = Forwards(monkeypatch, model)
+    with BatchEncoder(model, max_batch_tokens=BUDGET) as b:
+        rows = b.submit(texts).result(120)
+        states = b.submit(texts, output="token_embeddings").result(120)
+    assert max(forwards.tokens) <= BUDGET and len(forwards.tokens) >= 6
+    torch.testing.assert_close(rows, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=0)
+
+
+def test_short_requests_share_the_batches_of_a_sliced_one(model, monkeypatch):
+    """The chunked request ahead leads each batch; a short request behind it joins the batch its last slice leaves
+    room in, and no forward passes the budget."""
+    gate = threading.Event()
+    forwards = Forwards(monkeypatch, model, gate)
+    with BatchEncoder(model, max_batch_tokens=BUDGET) as b:
+        blocker = b.submit(["held by the worker"])
+        assert forwards.started.wait(60)
+        long = b.submit([LONG], truncate="chunk")
+        short = [b.submit([f"query {i}"]) for i in range(3)]
+        gate.set()
+        out = [f.result(120) for f in (blocker, long, *short)]
+    assert max(forwards.tokens) <= BUDGET
+    batches = b.snapshot()["batches"]
+    assert batches == len(forwards.tokens) and batches <= 1 + -(-long.tokens // BUDGET) + 1
+    torch.testing.assert_close(out[1], model.encode([LONG], long_inputs="chunk"), atol=1e-6, rtol=0)
+    for i, o in enumerate(out[2:]):
+        torch.testing.assert_close(o, model.encode([f"query {i}"]), atol=1e-6, rtol=0)
+
+
+def test_max_request_tokens_refuses_by_tokens_after_chunking(model):
+    with BatchEncoder(model, max_request_tokens=1000) as b:
+        b.submit([LONG], truncate="truncate").result(60)  # 256 tokens: within the cap
+        with pytest.raises(RequestTooLarge, match=r"max_request_tokens=1,000") as e:
+            b.submit([LONG], truncate="chunk")
+        assert "chunks" in str(e.value) and b.queue_depth() == (0, 0)
+        assert b.snapshot()["requests"] == 1
+    with pytest.raises(ValueError, match="max_request_tokens"):
+        BatchEncoder(model, max_request_tokens=0)
+
+
+def test_max_wait_s_holds_from_the_first_request(model, monkeypatch):
+    """A rate exists before any request ran (a full batch timed at start), so a burst at a cold server is refused
+    past max_wait_s instead of filling the queue (e398218: 8.6 s p50 wait with --max-wait-s 0.3). The first forward
+    is held, so nothing drains during the burst: what was accepted behind it is at most max_wait_s of tokens."""
+    gate = threading.Event()
+    with BatchEncoder(model, max_wait_s=0.3, max_batch_tokens=BUDGET) as b:
+        rate = b.stats.tokens_per_s()
+        assert rate is not None and rate > 0 and b.snapshot()["batches"] == 0
+        forwards = Forwards(monkeypatch, model, gate)
+        first = b.submit(["word " * 200])  # an empty queue takes it
+        assert forwards.started.wait(60)
+        accepted, refused = [], 0
+        for _ in range(200):
+            try:
+                accepted.append(b.submit(["word " * 200]))
+            except Overloaded:
+                refused += 1
+        gate.set()
+        for f in [first, *accepted]:
+            f.result(120)
+    assert refused > 0 and sum(f.tokens for f in accepted) <= rate * 0.3
