@@ -47,6 +47,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -66,6 +67,8 @@ _VERSION = 6  # bump when the measurement changes, so old cached rates are not r
 #               4: an int8 pick, which btlib.quant follows; 5: int8 picks per weight shape; 6: the fp32 / bf16 bound is
 #               the fastest single shape's rate)
 _memo: dict[str, "Hardware"] = {}
+# threads at first use measure once: two measurements at once would each time half the CPU, and cache that
+_measure_lock = threading.Lock()
 _warned: set[str] = set()
 _gemm: dict[str, Callable] = {}  # "measure", "forget": handed over by btlib.gemm at its import (use_gemm)
 
@@ -272,21 +275,24 @@ def machine(*, refresh: bool = False) -> Hardware:
     memo_key = f"{key}|{native}"
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
-    path = cache_file()
-    rates, problem = (None, None) if refresh else read_cache(path, key)
-    if problem:
-        _warn_once(path, problem)
-    if rates is None:
-        rates = measure_rates()
-        if rates["fp32_n"] == TOKENS[-1]:  # else kept for this process only (see the module docstring)
-            write_cache(path, key, rates)
-    hw = Hardware(cpu=cpu_name(), arch=platform.machine(), cores=os.cpu_count() or 1, threads=threads,
-                  torch=torch.__version__, torch_capability=torch.backends.cpu.get_cpu_capability(), isa=isa(),
-                  bf16_native=native, bf16_why=why, **{k: rates[k] for k in FIELDS})
-    _memo[memo_key] = hw
-    if "forget" in _gemm:
-        _gemm["forget"]()  # btlib.gemm's choice follows the newest measurement
-    return hw
+    with _measure_lock:
+        if not refresh and memo_key in _memo:
+            return _memo[memo_key]
+        path = cache_file()
+        rates, problem = (None, None) if refresh else read_cache(path, key)
+        if problem:
+            _warn_once(path, problem)
+        if rates is None:
+            rates = measure_rates()
+            if rates["fp32_n"] == TOKENS[-1]:  # else kept for this process only (see the module docstring)
+                write_cache(path, key, rates)
+        hw = Hardware(cpu=cpu_name(), arch=platform.machine(), cores=os.cpu_count() or 1, threads=threads,
+                      torch=torch.__version__, torch_capability=torch.backends.cpu.get_cpu_capability(), isa=isa(),
+                      bf16_native=native, bf16_why=why, **{k: rates[k] for k in FIELDS})
+        _memo[memo_key] = hw
+        if "forget" in _gemm:
+            _gemm["forget"]()  # btlib.gemm's choice follows the newest measurement
+        return hw
 
 
 def use_gemm(measure: Callable[[], dict], forget: Callable[[], None]) -> None:

@@ -9,8 +9,10 @@
 Every build goes through :meth:`Extension.build`, which gives them the same rules:
 
 - cache: ``$TORCH_EXTENSIONS_DIR/<name>/`` (torch's default ~/.cache/torch_extensions without it);
-- once per library name and process: later calls return the first result (one dict lookup), and two
-  threads asking at once build it once (a lock; across processes cpp_extension's file baton does this);
+- once per library name and process: later calls return the first result (one dict lookup), and threads
+  asking at once build it once. One lock serves every Extension, not one each: torch does not document
+  cpp_extension.load as thread-safe, and a compile already keeps every core busy, so taking turns costs
+  little. Across processes cpp_extension's file baton takes turns;
 - one line on stderr before a compile, ``btlib: compiling the <what> (<detail>) into <dir> - once, about
   N s ...``, printed only when the library is missing or older than a source it depends on;
 - a failed build is remembered with its reason (the compiler's first error lines), so the next call
@@ -35,6 +37,9 @@ from .. import _torch_private as tp
 __all__ = ["Extension", "build_directory", "needs_build", "first_errors"]
 
 T = TypeVar("T")
+
+# Re-entrant: a make() that itself asks for another library waits on no one.
+_LOCK = threading.RLock()
 
 
 def build_directory(name: str) -> Path:
@@ -73,7 +78,6 @@ class Extension:
         self.failed: dict[str, str] = {}  # library name -> why its build failed (remembered builds)
         self.built: dict[str, object] = {}  # library name -> what its build returned
         self.attempts: dict[str, int] = {}  # library name -> compiles started in this process (the tests read it)
-        self._lock = threading.Lock()
 
     def available(self, name: str) -> str | None:
         """None if library ``name`` is built or can be built here; else why not. Never compiles."""
@@ -95,7 +99,7 @@ class Extension:
         got = self.built.get(name)
         if got is not None:
             return got  # type: ignore[return-value]
-        with self._lock:
+        with _LOCK:
             if name in self.built:
                 return self.built[name]  # type: ignore[return-value]
             why = self.available(name)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from typing import NamedTuple
 
 import torch
@@ -176,6 +177,9 @@ def _fake(op: Op):
 
 
 _libraries: dict[str, torch.library.Library] = {}  # namespace -> its definitions (they live as long as this object)
+# One lock for every namespace (each ISA's build, each load_copy tag): the check and the definitions are one step, so
+# threads at first use define a namespace once (two defines raise "registered ... multiple times")
+_define_lock = threading.Lock()
 
 
 def define(namespace: str) -> None:
@@ -186,11 +190,14 @@ def define(namespace: str) -> None:
     output is detached from q, k, v, as the registry documents (only kernels marked differentiable are picked when
     inputs require grad); the default autograd fallback would hand back outputs whose backward only warns.
     """
-    if namespace in _libraries:
+    if namespace in _libraries:  # set only once every op is defined: a hit needs no lock
         return
-    lib = torch.library.Library(namespace, "FRAGMENT")  # flash/flash.cpp adds build_info and amx_status
-    for name, op in OPS.items():
-        lib.define(op.schema)
-        torch.library.register_fake(f"{namespace}::{name}", _fake(op), lib=lib)
-        lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
-    _libraries[namespace] = lib
+    with _define_lock:
+        if namespace in _libraries:
+            return
+        lib = torch.library.Library(namespace, "FRAGMENT")  # flash/flash.cpp adds build_info and amx_status
+        for name, op in OPS.items():
+            lib.define(op.schema)
+            torch.library.register_fake(f"{namespace}::{name}", _fake(op), lib=lib)
+            lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
+        _libraries[namespace] = lib
