@@ -5,15 +5,16 @@ line) or plain text (one text per line, empty lines included, so row i is line i
 :mod:`btlib.serve.corpus` (a row ends at b"\\n"; a CRLF's "\\r" and a BOM at the start are dropped). OUT: a
 folder of shards, ``shard-00000-<hash>.npy`` ... each a (rows, d) float32 array of ``--shard-size``
 consecutive rows, named by the first 16 hex digits of the sha256 of its rows' texts, plus ``meta.json``
-(the settings and every shard's expected hash). Read them back with :func:`read_embeddings`, which checks
-every shard's name and shape against meta.json.
+(the settings, every shard's expected hash and the sha256 of its bytes: :mod:`btlib.embed_shards`). Read them back
+with :func:`read_embeddings`, which checks every shard's name, shape and bytes against meta.json.
 
 A run first reads the whole input once: every input error is found before any work, naming its line, and
 each shard's rows are hashed. A shard is written to a temporary file, flushed to disk and renamed into
 place: it exists whole or not at all. So a killed run (Ctrl-C, OOM, a lost machine) is resumed by running
-the same command again: a shard on disk whose rows are unchanged and whose file is whole is kept; one whose
-rows changed (the input was edited), or that is damaged, is redone; the rest are computed. A changed
-setting (model, precision, shard size, column, batch budget) in an existing OUT is an error, never a silent mix.
+the same command again: a shard on disk whose rows are unchanged and whose bytes match their recorded sha256 is
+kept; one whose rows changed (the input was edited), or that is damaged (a flipped bit included), is named and
+redone; the rest are computed. A changed setting (model, precision, shard size, column, batch budget) in an existing
+OUT is an error, never a silent mix. Every value is checked before any work: a bad one is a one-line error (exit 2).
 
 Bits: a shard's rows always form the same length-sorted batches (:func:`btlib.serve.encode_by_tokens`), and
 every run of one job (the input's content and those settings) computes on the GEMM path and thread count its
@@ -30,15 +31,14 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
+from .embed_shards import read_embeddings, read_meta, rows_hash, sort_out, write_meta, write_shard
 from .gemm import PATHS, forced_path, forcing, path_available, plan
 from .hardware import cache_file
 from .hardware_cache import write_cache
@@ -47,18 +47,7 @@ from .serve.corpus import count_rows, iter_texts
 
 __all__ = ["embed_file", "read_embeddings", "iter_texts", "count_rows", "rows_hash", "jobs_file", "main"]
 
-_SHARD = re.compile(r"shard-(\d{5,})(?:-([0-9a-f]{16}))?\.npy")
 _BITS = ("column", "shard_size", "model", "precision", "max_batch_tokens")  # the settings that change a job's bits
-
-
-def rows_hash(texts: Sequence[str], column: str) -> str:
-    """First 16 hex digits of the sha256 of a shard's rows: the column, then each text as UTF-8, length-prefixed
-    (so ["ab", ""] and ["a", "b"] differ)."""
-    h = hashlib.sha256(b"btlib.embed rows 1\0")
-    for s in (column, *texts):
-        b = s.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little") + b)
-    return h.hexdigest()[:16]
 
 
 def jobs_file() -> Path | None:
@@ -66,47 +55,6 @@ def jobs_file() -> Path | None:
     cache (:func:`btlib.hardware.cache_file`), keyed by the job; None where btlib caches nothing."""
     path = cache_file()
     return path.with_name("btlib_embed_jobs.json") if path else None
-
-
-def _shard_name(k: int, h: str) -> str:
-    return f"shard-{k:05d}-{h}.npy"
-
-
-def _sizes(rows: int, shard_size: int) -> list[int]:
-    return [min(shard_size, rows - i) for i in range(0, rows, shard_size)]
-
-
-def _damage(path: Path, rows: int, d: int, mmap: bool) -> str | None:
-    """Why the shard file at ``path`` is not a whole (rows, d) float32 array (None: it is). mmap: read the header only."""
-    try:
-        a = np.load(path, mmap_mode="r" if mmap else None)
-    except (OSError, ValueError, EOFError) as e:  # truncated, empty, a pickle, a header cut short
-        return f"{type(e).__name__}: {e}"
-    if a.dtype != np.float32 or a.shape != (rows, d):
-        return f"{a.dtype} {a.shape}, expected float32 {(rows, d)}"
-    return None
-
-
-def _read_meta(out: Path) -> dict:
-    path = out / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{out} has no meta.json: not a folder python -m btlib.embed wrote, or its run never started")
-    try:
-        meta = json.loads(path.read_text())
-    except ValueError as e:  # written atomically, so edited by hand
-        raise ValueError(f"{path} is not readable JSON ({e}): use a new folder") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not an object: use a new folder")
-    return meta
-
-
-def _write_atomic(path: Path, write: Callable[[object], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the whole new one
 
 
 def _recorded(path: Path | None, job: str) -> tuple[str, int] | None:
@@ -141,6 +89,37 @@ def _job_gemm(job: str, pin: str | None, old: dict, precision: str | None) -> tu
     return gemm, threads, how + (f"; recorded for this job in {path}" if path else "")
 
 
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+def _checked(source: str | Path, out: str | Path, *, column: object, model_folder: str | Path | None, shard_size: int,
+             precision: str | None, max_batch_tokens: int, gemm: str | None) -> tuple[Path, Path]:
+    """(source, out) as paths once every value is one a run can take: each error is one line naming the value, raised
+    before any work (a bad value found after the model loaded or meta.json was written cost a minute or left a folder)."""
+    _positive_int("shard_size (--shard-size)", shard_size)
+    _positive_int("max_batch_tokens (--max-batch-tokens)", max_batch_tokens)
+    if gemm is not None and gemm not in PATHS:
+        raise ValueError(f"gemm must be one of {PATHS}; got {gemm!r}")
+    check_precision(precision, ENCODE_PRECISIONS)
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"column (--column) must be a non-empty string; got {column!r}")
+    source, out = Path(source), Path(out)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} is not a file" + (" (a folder: name one file in it)" if source.is_dir() else ""))
+    if model_folder is not None and not Path(model_folder).is_dir():
+        raise FileNotFoundError(f"the model folder {model_folder} (--model) is not a folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder: OUT is the folder the shards go in; name a new or existing folder")
+    up = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not up.is_dir():
+        raise ValueError(f"{up} is a file, so {out} cannot be made under it: name a folder")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise PermissionError(f"{up} is not writable by this user, so {out} cannot be written: name another folder")
+    return source, out
+
+
 def embed_file(source: str | Path, out: str | Path, *, column: str = "text", model_folder: str | Path | None = None,
                shard_size: int = 1024, precision: str | None = None, max_batch_tokens: int = 8192, gemm: str | None = None,
                progress: bool = True, on_shard: Callable[[int], None] | None = None) -> dict:
@@ -154,17 +133,11 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     from .pretrained import load_pretrained
     from .serve.corpus import encode_by_tokens
 
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
-        raise ValueError(f"shard_size must be a positive int; got {shard_size!r}")
-    if gemm is not None and gemm not in PATHS:
-        raise ValueError(f"gemm must be one of {PATHS}; got {gemm!r}")
-    check_precision(precision, ENCODE_PRECISIONS)
-    source, out = Path(source), Path(out)
-    if not source.is_file():
-        raise FileNotFoundError(f"{source} is not a file")
+    source, out = _checked(source, out, column=column, model_folder=model_folder, shard_size=shard_size,
+                           precision=precision, max_batch_tokens=max_batch_tokens, gemm=gemm)
     settings = {"source": source.name, "column": column, "shard_size": shard_size, "max_batch_tokens": max_batch_tokens,
                 "model": str(model_folder) if model_folder else "all-MiniLM-L6-v2 (default)", "precision": precision or "fp32"}
-    old = _read_meta(out) if (out / "meta.json").is_file() else {}
+    old = read_meta(out) if (out / "meta.json").is_file() else {}
     changed = {k: (old.get(k), v) for k, v in settings.items() if old and old.get(k) != v}
     if changed:
         raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
@@ -177,11 +150,14 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     job = hashlib.sha256(json.dumps([[settings[k] for k in _BITS], hashes]).encode()).hexdigest()[:32]
     gemm, threads, how = _job_gemm(job, gemm, old, precision)
     out.mkdir(parents=True, exist_ok=True)
-    keep, redone = _sort_out(out, hashes, sizes, d, old, gemm, threads)
+    same_path = (old.get("gemm"), old.get("threads")) == (gemm, threads)
+    keep, redone = sort_out(out, hashes, sizes, d, old, None if same_path else
+                            f"the GEMM path changed ({old.get('gemm')} at {old.get('threads')} threads, now {gemm} at {threads})")
     # meta.json after the shards it no longer describes are gone: a kill between the two leaves no shard of another
     # input version or GEMM path under it, only missing ones
-    meta = {**settings, "rows": sum(sizes), "dim": d, "gemm": gemm, "threads": threads, "shards": hashes}
-    _write_atomic(out / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    sums = [keep.get(k) for k in range(len(hashes))]  # each shard's sha256, recorded once it is on disk
+    meta = {**settings, "rows": sum(sizes), "dim": d, "gemm": gemm, "threads": threads, "shards": hashes, "sums": sums}
+    write_meta(out, meta)
     written = done_rows = 0
     t0 = time.perf_counter()
     for k, texts in enumerate(iter_texts(source, column, shard_size)):
@@ -191,7 +167,8 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
                                  "again once nothing writes to it")
             with forcing(gemm), _threads(threads):
                 emb = encode_by_tokens(model, texts, max_batch_tokens=max_batch_tokens, precision=precision).numpy()
-            _write_atomic(out / _shard_name(k, hashes[k]), lambda f: np.save(f, emb))
+            sums[k] = write_shard(out, k, hashes[k], emb)
+            write_meta(out, meta)  # one small file per shard: a kill between the two leaves the shard unverified, redone
             written += 1
             done_rows += len(texts)
         if on_shard:
@@ -204,35 +181,6 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     return {"rows": sum(sizes), "shards": len(hashes), "written": written, "skipped": len(keep), "redone": redone,
             "gemm": gemm, "threads": threads, "gemm_how": how, "seconds": seconds,
             "texts_per_s": done_rows / seconds if seconds > 0 and done_rows else None}
-
-
-def _sort_out(out: Path, hashes: list[str], sizes: list[int], d: int, old: dict, gemm: str,
-              threads: int) -> tuple[set[int], dict[int, str]]:
-    """Delete what a run must not keep (a killed run's temporary files, shards of other rows or of another GEMM path,
-    damaged ones, shards past the end); return (the shards kept, {k: why shard k is redone})."""
-    for stale in out.glob(".*.tmp-*"):  # a killed run's half-written shard or meta.json
-        stale.unlink()
-    same_path = (old.get("gemm"), old.get("threads")) == (gemm, threads)
-    keep, redone = set(), {}
-    for path in sorted(out.glob("shard-*.npy")):
-        if (m := _SHARD.fullmatch(path.name)) is None:
-            continue
-        k, h = int(m.group(1)), m.group(2)
-        if k < len(hashes):
-            if h is None:
-                why = "it was written by an older btlib.embed"
-            elif h != hashes[k]:
-                why = "its rows changed"
-            elif not same_path:
-                why = f"the GEMM path changed ({old.get('gemm')} at {old.get('threads')} threads, now {gemm} at {threads})"
-            elif (damage := _damage(path, sizes[k], d, mmap=True)) is not None:
-                why = f"it was damaged ({damage})"
-            else:
-                keep.add(k)
-                continue
-            redone[k] = why
-        path.unlink()
-    return keep, {k: why for k, why in redone.items() if k not in keep}
 
 
 @contextlib.contextmanager
@@ -252,40 +200,14 @@ def _progress(k: int, shards: int, done_rows: int, seconds: float) -> None:
     print(f"\rembed [{bar:30s}] shard {k}/{shards}, {rate:,.0f} texts/s{eta}", end="", file=sys.stderr, flush=True)
 
 
-def read_embeddings(out: str | Path) -> np.ndarray:
-    """All shards of a finished run, in row order: (rows, d) float32.
-
-    Every shard is checked against meta.json: its name (its rows' hash: a shard of another version of the input is
-    refused) and its shape and dtype (a damaged one is named). Every error says what mends it: run the same command
-    again. FileNotFoundError for missing shards, ValueError for the rest.
-    """
-    out = Path(out)
-    meta = _read_meta(out)
-    hashes, d = meta.get("shards"), meta.get("dim")
-    if not isinstance(hashes, list) or not isinstance(d, int):
-        raise ValueError(f"{out}/meta.json was written by an older btlib.embed (no shard hashes): run the same command "
-                         "again, which redoes it")
-    sizes = _sizes(meta["rows"], meta["shard_size"])
-    on_disk = {(int(m.group(1)), m.group(2)): p for p in out.glob("shard-*.npy") if (m := _SHARD.fullmatch(p.name))}
-    for (k, h), path in sorted(on_disk.items(), key=lambda kv: kv[0][0]):
-        if k < len(hashes) and h != hashes[k] and (k, hashes[k]) not in on_disk:
-            raise ValueError(f"{path.name} holds rows of another version of {meta['source']} (it was edited since that "
-                             "shard was written): run the same command again, which redoes it")
-    missing = [k for k, h in enumerate(hashes) if (k, h) not in on_disk]
-    if missing:
-        raise FileNotFoundError(f"{out} lacks {len(missing)} of {len(hashes)} shards (first: {missing[0]}): "
-                                "run the same command again to finish")
-    parts = []
-    for k, h in enumerate(hashes):
-        path = out / _shard_name(k, h)
-        if (damage := _damage(path, sizes[k], d, mmap=False)) is not None:
-            raise ValueError(f"{path.name} is damaged ({damage}): run the same command again, which redoes it")
-        parts.append(np.load(path))
-    return np.concatenate(parts) if parts else np.empty((0, d), dtype=np.float32)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every other refusal of a value here (argparse adds its usage block)
+        print(f"{self.prog}: {message} (--help lists the options)", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m btlib.embed", description="embed a corpus into resumable shards")
+    p = _Parser(prog="python -m btlib.embed", description="embed a corpus into resumable shards")
     p.add_argument("source", help="a .parquet, .jsonl or text file (one text per line)")
     p.add_argument("out", help="output folder of shard-*.npy (created; an existing one is resumed)")
     p.add_argument("--column", default="text", help="the text column (Parquet) or field (JSON lines)")
@@ -304,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         r = embed_file(args.source, args.out, column=args.column, model_folder=args.model, shard_size=args.shard_size,
                        precision=args.precision, max_batch_tokens=args.max_batch_tokens, gemm=args.gemm,
                        progress=not args.quiet)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    except (ValueError, TypeError, OSError, ImportError) as e:  # OSError: a folder not writable, a disk full
         print(f"python -m btlib.embed: {e}", file=sys.stderr)
         return 2
     print(f"GEMM path {r['gemm']} at {r['threads']} thread{'s' * (r['threads'] != 1)} ({r['gemm_how']})")

@@ -227,7 +227,7 @@ def _stop_at(rng: random.Random, rows: int, size: int, scenario: str):
 
 
 def _damage(rng: random.Random, path: Path) -> str:
-    how = rng.choice(["truncated", "empty", "short", "float64", "garbage", "deleted"])
+    how = rng.choice(["truncated", "empty", "short", "float64", "garbage", "flipped", "deleted"])
     a = np.load(path)
     if how == "truncated":
         path.write_bytes(path.read_bytes()[: rng.randint(1, path.stat().st_size - 1)])
@@ -239,6 +239,10 @@ def _damage(rng: random.Random, path: Path) -> str:
         np.save(path, a.astype(np.float64))
     elif how == "garbage":
         path.write_bytes(b"not a numpy file at all" * 3)
+    elif how == "flipped":  # one bit of one float: still a whole array of the right shape, only its sha256 tells
+        data = bytearray(path.read_bytes())
+        data[len(data) - 1 - rng.randrange(a.nbytes)] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
     else:
         path.unlink()
     return how
