@@ -61,6 +61,19 @@ def test_the_verdict_turns_clear_just_past_the_larger_spread():
     assert str(compare(fast, _row("b", 106, rounds=[106, 106.5]))) == "1.06x faster (noise ±5%)"
 
 
+@pytest.mark.parametrize("slower", [102.5, 104.9])
+def test_a_difference_clear_of_the_noise_but_under_5_percent_names_no_factor(slower):
+    """Noise 2% (the floor), 2.5-4.9% apart: beyond the noise, yet "about the same (within 5%)" with no factor, and the
+    verdict word is no clear difference; at 5.1% the factor is named."""
+    a, b = _row("a", 100, rounds=[100, 100.5]), _row("b", slower, rounds=[slower, slower + 0.1])
+    c = compare(a, b)
+    assert c.beyond_noise and not c.clear and c.verdict == "no clear difference"
+    assert str(c) == "about the same (within 5%; noise ±2%)"
+    assert faster_first(a, b, "a", "b") == "a against b: about the same (within 5%; noise ±2%)"
+    assert share_of_ideal(a, b) == "as fast as the ideal within 5% (noise ±2%)"
+    assert str(compare(a, _row("b", 105.1, rounds=[105.1, 105.2]))) == "1.05x faster (noise ±2%)"
+
+
 def test_compare_refuses_untimed_rows():
     with pytest.raises(ValueError, match="not timed"):
         compare(_row("a", 1), {"provider": "b", "status": "skipped", "reason": "no GPU"})

@@ -21,7 +21,9 @@ Other work only adds time, so a row's time t lies in the interval [t, t (1 + s)]
 to the larger spread s of the two (never below ``floor``, 2%: below that, clock and cache effects
 decide): when the faster row's interval reaches the slower row's time, the intervals overlap and
 the verdict is "no clear difference", printed without a factor, so no factor inside the noise is
-ever quoted. "2x slower" and "2x faster" are the same distance from equal. A spread above NOISE_LIMIT (50%,
+ever quoted. A difference clear of the noise but under 5% (MIN_FACTOR) reads "about the same (within 5%)", with the
+same verdict word: a 2% edge measured here does not carry to a reader's CPU, so no sentence is built on it.
+"2x slower" and "2x faster" are the same distance from equal. A spread above NOISE_LIMIT (50%,
 btlib.bench.timing) is a failed measurement, not a wide interval: the verdict is "too noisy to compare here",
 with no factor and no share.
 """
@@ -33,9 +35,11 @@ from typing import Any, Sequence
 
 from .timing import NOISE_LIMIT
 
-__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal", "NO_CLEAR_DIFFERENCE", "TOO_NOISY"]
+__all__ = ["Comparison", "compare", "faster_first", "noise", "find_row", "share_of_ideal", "NO_CLEAR_DIFFERENCE", "TOO_NOISY",
+           "MIN_FACTOR"]
 
 FLOOR = 0.02
+MIN_FACTOR = 1.05  # the smallest factor a verdict names, however small the noise
 
 
 def noise(row: dict) -> float:
@@ -69,10 +73,19 @@ class Comparison:
         return self.noise > NOISE_LIMIT
 
     @property
+    def factor(self) -> float:
+        """How many times faster the faster row is (>= 1): 0.5 is as far from 1 as 2."""
+        return max(self.ratio, 1.0 / self.ratio)
+
+    @property
+    def beyond_noise(self) -> bool:
+        """The two rows' intervals [t, t (1 + noise)] do not overlap (never when the measurement is too noisy)."""
+        return not self.too_noisy and self.factor - 1.0 > self.noise
+
+    @property
     def clear(self) -> bool:
-        """True when the two rows' intervals [t, t (1 + noise)] do not overlap: the faster is faster by more than the noise
-        (never when the measurement is too noisy)."""
-        return not self.too_noisy and max(self.ratio, 1.0 / self.ratio) - 1.0 > self.noise  # 0.5 is as far from 1 as 2
+        """True when the faster is faster by more than the noise and by at least MIN_FACTOR (5%)."""
+        return self.beyond_noise and self.factor >= MIN_FACTOR
 
     @property
     def verdict(self) -> str:
@@ -87,6 +100,8 @@ class Comparison:
         band = f"noise ±{self.noise:.0%}"
         if self.too_noisy:
             return f"{TOO_NOISY} (noise ±{self.noise:.0%}: measure on a quiet machine)"
+        if self.beyond_noise and not self.clear:
+            return f"about the same (within {MIN_FACTOR - 1:.0%}; {band})"  # no factor: a 2% edge does not carry
         if not self.clear:
             return f"{NO_CLEAR_DIFFERENCE} ({band})"  # no factor: one inside the noise says nothing
         times = self.ratio if self.ratio >= 1.0 else 1.0 / self.ratio  # "4.00x slower", not "0.25x slower"
@@ -120,6 +135,8 @@ def share_of_ideal(row: dict, ideal: dict, name: str = "the ideal") -> str:
     c = compare(row, ideal)
     if c.too_noisy:
         return f"{TOO_NOISY} against {name} (noise ±{c.noise:.0%}: measure on a quiet machine)"
+    if c.beyond_noise and not c.clear:
+        return f"as fast as {name} within {MIN_FACTOR - 1:.0%} (noise ±{c.noise:.0%})"
     if not c.clear:
         return f"as fast as {name} within noise (±{c.noise:.0%})"
     if c.ratio < 1:
