@@ -21,7 +21,9 @@ The package by what each file owns:
     folders/          reading a folder: checkpoint.py (the BERT family's config.json and model.safetensors),
                       modernbert_config.py (ModernBERT's), rotary_bert_config.py (NomicBERT's and GTE's),
                       qwen3_config.py (Qwen3's),
-                      st_folder.py (a sentence-transformers folder: modules.json, tokenizer, prompts)
+                      st_folder.py (a sentence-transformers folder: modules.json, prompts; its files read once
+                      per load), tokenizer_files.py (the tokenizer as transformers builds it from tokenizer.json and
+                      tokenizer_config.json)
     architectures/    the networks and their loaders: bert.py (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT,
                       ELECTRA on nn.TransformerEncoder); mpnet.py (MPNet: bert.py's encoder plus its
                       relative-position bias, which the varlen kernel adds); modernbert_layers.py, modernbert_model.py and

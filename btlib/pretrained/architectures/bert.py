@@ -224,14 +224,15 @@ def load_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
     sd = read_state_dict(src)
     emb_keys, layer_keys = check_against_spec(sd, spec)
     head = plan.head(spec.d_model)
-    tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions)
+    tokenizer, max_length = st_tokenizer(plan, spec.max_positions - spec.position_offset, spec.max_positions,
+                                         spec.model_type)
 
     if bool(spec.relative_buckets) != bool(getattr(cls, "HAS_RELATIVE_BIAS", False)):
         raise CheckpointError(f"{src}: a {spec.model_type} folder is loaded by btlib.load_pretrained, which picks the "
                               f"encoder class for it; load_bert(cls={cls.__name__}) cannot add its relative positions")
     model = cls(spec, tokenizer, max_length, head, prompts=plan.prompts,
                               default_prompt_name=plan.default_prompt_name,
-                              token_types=passes_token_types(src, spec.model_type), special_ids=special_ids(src, tokenizer))
+                              token_types=passes_token_types(plan, spec.model_type), special_ids=special_ids(plan, tokenizer))
     mapped = {f"embeddings.{ours}" + ("" if "." in ours else ".weight"): theirs for ours, theirs in emb_keys.items()}
     for i, keys in enumerate(layer_keys):
         for part in ("out_proj", "norm1", "linear1", "linear2", "norm2"):

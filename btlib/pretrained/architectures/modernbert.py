@@ -24,7 +24,7 @@ import torch
 from ..folders.checkpoint import CheckpointError, read_state_dict, verify_sha256
 from ..folders.modernbert_config import check_modernbert_tensors, read_modernbert_spec
 from .modernbert_model import ModernBertEncoder
-from ..folders.st_folder import FolderPlan, folder_tokenizer, sentence_head, special_ids
+from ..folders.st_folder import FolderPlan, read_folder, special_ids, tokenizer as st_tokenizer
 
 __all__ = ["load_modernbert", "load_modernbert_plan"]
 
@@ -37,18 +37,19 @@ def load_modernbert_plan(plan: FolderPlan, *, expected_sha256: str | None = None
     if plan.transformer_dir != folder:
         raise CheckpointError(f"{folder}: btlib's ModernBERT loader reads a Transformer at the folder's root, not in "
                               f"{plan.transformer_dir.name}/; use sentence-transformers for this model")
-    model = load_modernbert(folder, expected_sha256=expected_sha256, config=config)
-    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(folder, model.tokenizer))
+    model = load_modernbert(folder, expected_sha256=expected_sha256, config=config, plan=plan)
+    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(plan, model.tokenizer))
     return model
 
 
 def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None,
-                    config: tuple[dict, Path] | None = None) -> ModernBertEncoder:
+                    config: tuple[dict, Path] | None = None, plan: FolderPlan | None = None) -> ModernBertEncoder:
     """Load a ModernBERT folder (config.json with model_type "modernbert", model.safetensors, tokenizer.json).
 
     expected_sha256: check model.safetensors' hash first. Raises CheckpointError, saying what to
     fix, for a missing or damaged file, a config field btlib cannot reproduce, or tensors that do
-    not match the config. Weights stored in bf16/fp16 are upcast to fp32 exactly.
+    not match the config. Weights stored in bf16/fp16 are upcast to fp32 exactly. config, plan: config.json's
+    (dict, path) and the folder as read_folder reads it, where the caller has them (each file is read once per load).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -58,9 +59,10 @@ def load_modernbert(folder: str | Path, *, expected_sha256: str | None = None,
     spec = read_modernbert_spec(folder, config)
     sd = read_state_dict(folder)
     prefix = check_modernbert_tensors(sd, spec)
-    tokenizer, max_length = folder_tokenizer(folder, spec.max_positions)
+    plan = plan or read_folder(folder)  # read once: the tokenizer and the head take its files from it
+    tokenizer, max_length = st_tokenizer(plan, spec.max_positions, spec.max_positions, "modernbert")
 
-    model = ModernBertEncoder(spec, tokenizer, max_length, sentence_head(folder))
+    model = ModernBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model))
     mapped = {name: prefix + name for name, _ in model.named_parameters()}  # the same names, under the file's prefix
     with torch.no_grad():
         for ours, p in model.named_parameters():

@@ -241,7 +241,7 @@ def load_rotary_bert(plan: FolderPlan, *, expected_sha256: str | None = None,
     """
     def build(spec, tokenizer, max_length: int, src: Path) -> RotaryBertEncoder:
         return RotaryBertEncoder(spec, tokenizer, max_length, plan.head(spec.d_model),
-                                 token_types=passes_token_types(src, "bert" if spec.family == "nomic_bert" else "gte"))
+                                 token_types=passes_token_types(plan, "bert" if spec.family == "nomic_bert" else "gte"))
 
     return load_folder(plan, expected_sha256, spec_from_config, tensor_plan, build, config)
 
@@ -259,8 +259,8 @@ def load_folder(plan: FolderPlan, expected_sha256: str | None, spec_from_config,
     spec = spec_from_config(c, str(where))
     sd = read_state_dict(src)
     pieces = tensor_plan(sd, spec)
-    tokenizer, max_length = st_tokenizer(plan, spec.max_positions, spec.max_positions)
+    tokenizer, max_length = st_tokenizer(plan, spec.max_positions, spec.max_positions, c.get("model_type"))
     model = build(spec, tokenizer, max_length, src)
-    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(src, tokenizer))
+    model.set_prompts(plan.prompts, plan.default_prompt_name, special_ids(plan, tokenizer))
     load_pieces(model, sd, pieces)
     return model

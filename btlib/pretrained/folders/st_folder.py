@@ -2,7 +2,8 @@
 
     plan = read_folder(folder)       # where the Transformer lives, its settings, the modules after it
     head = plan.head(d_model)        # SentenceHead: PoolingModule, DenseModule, NormalizeModule (st_modules)
-    tok, max_length = tokenizer(plan, limit)   # tokenizer.json with do_lower_case and max_seq_length applied
+    tok, max_length = tokenizer(plan, limit)   # as transformers builds it (tokenizer_files.py), do_lower_case applied
+    plan.file("tokenizer_config.json", "tokenizer config")   # a JSON file of the Transformer's folder, read once per load
 
 With modules.json: each entry's ``type`` (a ``sentence_transformers.*`` class path ending in Transformer,
 Pooling, Dense or Normalize) and ``path``, in order; the Transformer first, with its
@@ -20,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import CheckpointError
+from .tokenizer_files import passes_token_types, special_ids, tokenizer
 from ..st_modules import MODULE_TYPES, PoolingModule, SentenceHead, read_json
 
-__all__ = ["FolderPlan", "read_folder", "tokenizer", "special_ids", "passes_token_types", "sentence_head", "folder_tokenizer"]
+__all__ = ["FolderPlan", "read_folder", "tokenizer", "special_ids", "passes_token_types"]
 
 # sentence_bert_config.json keys that cannot change the vectors (how transformers loads the weights, FA2 unpadding)
 # or that are sentence-transformers' text-only defaults; anything else not read below is refused by name.
@@ -47,6 +49,13 @@ class FolderPlan:
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
     sentence_transformers: bool = False   # True when modules.json exists
+    _files: dict[str, dict] = field(default_factory=dict, repr=False)  # file name -> its JSON, read once per load
+
+    def file(self, name: str, what: str) -> dict:
+        """JSON file ``name`` of the Transformer's folder ({} when absent), read once however many loading steps ask."""
+        if name not in self._files:
+            self._files[name] = read_json(self.transformer_dir / name, what)
+        return self._files[name]
 
     def head(self, d: int) -> SentenceHead:
         """The modules after the Transformer, built on a d-dimensional encoder (config and weights checked)."""
@@ -109,6 +118,12 @@ def _transformer_settings(plan: FolderPlan) -> None:
     for key in ("config_args", "config_kwargs"):
         if set(c.get(key) or {}) - _HARMLESS_LOAD_KWARGS:
             refuse(key, "it overrides config.json fields; btlib reads config.json as it is")
+    for key in ("model_args", "model_kwargs"):  # AutoModel.from_pretrained's: a dtype changes every vector
+        args = c.get(key) or {}
+        dtype = str(args.get("dtype", args.get("torch_dtype", "auto"))).removeprefix("torch.")
+        if set(args) - _HARMLESS_LOAD_KWARGS - {"attn_implementation", "dtype", "torch_dtype"} or dtype not in ("auto", "float32"):
+            refuse(key, "btlib computes in float32 from the weights as stored (encode's precision= picks bf16 or int8) "
+                        "and honours no other model option")
     max_len = c.get("max_seq_length")
     for key in ("tokenizer_args", "processor_kwargs"):
         args = c.get(key) or {}
@@ -164,81 +179,3 @@ def read_folder(folder: Path) -> FolderPlan:
     _transformer_settings(plan)
     _model_config(plan)
     return plan
-
-
-def tokenizer(plan: FolderPlan, limit: int, max_positions: int | None = None):
-    """tokenizer.json of the Transformer's folder: do_lower_case applied, unpadded, truncated; and its max length.
-
-    The length: max_seq_length if the folder gives one, else tokenizer_config.json's model_max_length capped at
-    max_positions (sentence-transformers' order); never more than ``limit``, the positions the model has.
-    """
-    from tokenizers import Tokenizer
-    from tokenizers.normalizers import Lowercase, Sequence
-
-    path = plan.transformer_dir / "tokenizer.json"
-    if not path.is_file():
-        raise CheckpointError(f"{plan.transformer_dir} has no tokenizer.json (the fast-tokenizer file the tokenizers "
-                              "package reads)")
-    tok = Tokenizer.from_file(str(path))
-    if plan.do_lower_case:  # sentence-transformers prepends Lowercase unless the normalizer already has one
-        n = tok.normalizer
-        if not (isinstance(n, Lowercase) or isinstance(n, Sequence) and any(isinstance(x, Lowercase) for x in n)):
-            tok.normalizer = Sequence([Lowercase()] + (list(n) if isinstance(n, Sequence) else [n] if n else []))
-    max_length = plan.max_seq_length
-    if max_length is None:
-        value = read_json(plan.transformer_dir / "tokenizer_config.json", "tokenizer config").get("model_max_length")
-        max_length = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else limit
-        max_length = min(max_length, max_positions or limit)
-    max_length = min(max_length, limit)
-    tok.no_padding()  # tokenizer.json may ask for fixed padding; btlib packs instead
-    tok.enable_truncation(max_length)  # longest_first for pairs, as transformers' truncation=True
-    return tok, max_length
-
-
-def sentence_head(folder: Path) -> SentenceHead:
-    """The sentence-transformers modules after the Transformer in ``folder`` (this module), built on its hidden size."""
-    plan = read_folder(folder)
-    c = read_json(plan.transformer_dir / "config.json", "model config")
-    d = c.get("dim") if c.get("model_type") == "distilbert" else c.get("hidden_size")
-    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-        raise CheckpointError(f"{plan.transformer_dir / 'config.json'}: hidden_size must be a positive integer; got {d!r}")
-    return plan.head(d)
-
-
-def folder_tokenizer(folder: Path, limit: int):
-    """tokenizer.json of ``folder``'s Transformer with sentence-transformers' settings applied, and its max length."""
-    plan = read_folder(folder)
-    c = read_json(plan.transformer_dir / "config.json", "model config")
-    positions = c.get("max_position_embeddings")
-    return tokenizer(plan, limit, positions if isinstance(positions, int) else None)
-
-
-def special_ids(folder: Path, tok) -> set[int]:
-    """The ids transformers counts as special (tokenizer_config.json's named tokens, tokenizer.json's special ones)."""
-    ids = {t.get("id") for t in read_json(folder / "tokenizer.json", "tokenizer").get("added_tokens", [])
-           if isinstance(t, dict) and t.get("special")}
-    cfg = read_json(folder / "tokenizer_config.json", "tokenizer config")
-    names = [cfg.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")]
-    names += list(cfg.get("additional_special_tokens") or []) + list(cfg.get("extra_special_tokens") or [])
-    for name in names:
-        name = name.get("content") if isinstance(name, dict) else name
-        if isinstance(name, str) and tok.token_to_id(name) is not None:
-            ids.add(tok.token_to_id(name))
-    return {i for i in ids if isinstance(i, int)}
-
-
-# transformers 5.23's model_input_names per tokenizer class: does the tokenizer hand token_type_ids to the model?
-_TOKEN_TYPES = {"BertTokenizer": True, "BertJapaneseTokenizer": True, "ElectraTokenizer": True, "RobertaTokenizer": False,
-                "XLMRobertaTokenizer": False, "DistilBertTokenizer": False, "CamembertTokenizer": False,
-                "MPNetTokenizer": False, "PreTrainedTokenizer": False, "TokenizersBackend": False}
-
-
-def passes_token_types(folder: Path, model_type: str) -> bool | None:
-    """Whether transformers' tokenizer for ``folder`` gives the model token_type_ids (None: btlib cannot tell)."""
-    cfg = read_json(folder / "tokenizer_config.json", "tokenizer config")
-    if isinstance(cfg.get("model_input_names"), list):
-        return "token_type_ids" in cfg["model_input_names"]
-    cls = cfg.get("tokenizer_class")
-    if cls is None:  # AutoTokenizer then picks the model type's own tokenizer (ELECTRA's is BertTokenizer)
-        return model_type in ("bert", "electra")
-    return _TOKEN_TYPES.get(cls.removesuffix("Fast")) if isinstance(cls, str) else None
