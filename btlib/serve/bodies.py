@@ -16,10 +16,11 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Literal
+import sys
+from typing import Annotated, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .guards import HTTPError, TooLarge, error_response
 
@@ -33,6 +34,8 @@ __all__ = ["OFF_LOOP_BYTES", "OpenAIEmbeddingRequest", "TEIEmbedRequest", "TEIEm
            "parse", "read_json", "validate", "check", "answers", "to_json", "dumps"]
 
 OFF_LOOP_BYTES = 16_384  # a body past this is parsed and tokenized off the event loop (~2 ms of tokenizing on it at most)
+MAX_FIELDS = 64  # keys of one JSON object at most: no body takes more than 8, and each unknown key was one more error
+SHOWN_ERRORS = 8  # a 422 names this many of a body's errors, then counts the rest
 _log = logging.getLogger("btlib.serve")
 
 # strict: a field takes its JSON type only ("128" is not an int, "false" not a bool), as TEI's and OpenAI's servers
@@ -40,8 +43,15 @@ _log = logging.getLogger("btlib.serve")
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
+
+def _many(item):
+    """list[item] whose validation stops at its first bad element: a 1.8 MB list of ``true`` was 900,000 errors (one per
+    element and union branch), 10 s holding the GIL and a 52 MB message."""
+    return Annotated[list[item], Field(fail_fast=True)]
+
+
 # a text, texts, or token ids (one input's, or one list per input), as TEI's and OpenAI's inputs; not mixed
-TextInputs = str | list[str] | list[int] | list[list[int]]
+TextInputs = str | _many(str) | _many(int) | _many(_many(int))
 Direction = Literal["right", "Right", "left", "Left"]
 LongInputs = Literal["refuse", "truncate", "chunk"]  # btlib's fields (not TEI's or OpenAI's): btlib.pretrained.chunking
 
@@ -81,7 +91,7 @@ class TEIEmbedAllRequest(BaseModel):  # /embed_all and /embed_sparse take the sa
 class TEIRerankRequest(BaseModel):
     model_config = _STRICT
     query: str
-    texts: list[str]
+    texts: _many(str)
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
@@ -91,7 +101,7 @@ class TEIRerankRequest(BaseModel):
 class RerankDocumentsRequest(BaseModel):  # Cohere's and Jina's /rerank body (``documents``, ``top_n``)
     model_config = _STRICT
     query: str
-    documents: list[str]
+    documents: _many(str)
     top_n: int | None = None
     return_documents: bool = False  # Cohere's default; Jina's is true
     model: str | None = None  # any name, as /v1/embeddings
@@ -105,7 +115,7 @@ class PredictParameters(BaseModel):  # huggingface_hub's text_classification sen
 
 class TEIPredictRequest(BaseModel):
     model_config = _STRICT
-    inputs: str | list[str] | list[list[str]]  # TEI: a text, a pair [a, b], or a batch of texts [a] and pairs
+    inputs: str | _many(str) | _many(_many(str))  # TEI: a text, a pair [a, b], or a batch of texts [a] and pairs
     truncate: bool | None = None
     truncation_direction: Direction = "right"
     raw_scores: bool = False
@@ -115,7 +125,7 @@ class TEIPredictRequest(BaseModel):
 class SimilarityInputs(BaseModel):
     model_config = _STRICT
     source_sentence: str
-    sentences: list[str]
+    sentences: _many(str)
 
 
 class SimilarityParameters(BaseModel):
@@ -133,14 +143,14 @@ class TEISimilarityRequest(BaseModel):
 
 class TEITokenizeRequest(BaseModel):
     model_config = _STRICT
-    inputs: str | list[str]
+    inputs: str | _many(str)
     add_special_tokens: bool = True
     prompt_name: str | None = None
 
 
 class TEIDecodeRequest(BaseModel):
     model_config = _STRICT
-    ids: list[int] | list[list[int]]
+    ids: _many(int) | _many(_many(int))
     skip_special_tokens: bool = True
 
 
@@ -172,32 +182,62 @@ def validate(body: bytes, model) -> BaseModel:
     return check(data, model if isinstance(model, type) else model(data))
 
 
+class _NotJSON(ValueError):
+    """What the parser's hooks refuse: a message for the client."""
+
+
+def _fields(pairs: list) -> dict:
+    if len(pairs) > MAX_FIELDS:
+        raise _NotJSON(f"an object of {len(pairs):,} fields: no body here takes more than {MAX_FIELDS} (GET /openapi.json "
+                       "lists each route's fields)")
+    return dict(pairs)
+
+
+def _constant(name: str):
+    raise _NotJSON(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
+
 def read_json(body: bytes) -> dict:
-    """A request body as a JSON object, or a 422 saying why it is not one."""
+    """A request body as a JSON object, or a 422 saying why it is not one, whatever its depth or size: nesting past
+    Python's recursion limit (~1,000 levels; RecursionError) and an integer past Python's 4,300 digits (ValueError)
+    were 500s."""
     try:
         # decoded as UTF-8 first: json.loads(bytes) guesses UTF-16 / UTF-32 and decodes with surrogatepass, so a
         # UTF-32 body was answered and a surrogate's 3 bytes became a field name; JSON between systems is UTF-8
         # (RFC 8259 8.1), as TEI's serde_json reads it
-        data = json.loads(body.decode("utf-8"))
+        data = json.loads(body.decode("utf-8"), object_pairs_hook=_fields, parse_constant=_constant)
     except json.JSONDecodeError as e:
         raise HTTPError(422, f"malformed request body: {e.pos}: JSON decode error ({e.msg})", "invalid_request_error") from None
     except UnicodeDecodeError as e:
         raise HTTPError(422, f"malformed request body: byte {e.start} is not UTF-8 ({e.reason})", "invalid_request_error") from None
+    except _NotJSON as e:
+        raise HTTPError(422, f"malformed request body: {e}", "invalid_request_error") from None
+    except RecursionError:
+        raise HTTPError(422, "malformed request body: arrays or objects nested too deeply for the parser (~1,000 levels; "
+                             "a body here nests 3 at most)", "invalid_request_error") from None
+    except ValueError:  # the only other one json.loads raises: int("...") past sys.get_int_max_str_digits()
+        raise HTTPError(422, f"malformed request body: an integer of more than {sys.get_int_max_str_digits():,} digits "
+                             "(no field takes one that long)", "invalid_request_error") from None
     if not isinstance(data, dict):
         raise HTTPError(422, "malformed request body: body: send a JSON object", "invalid_request_error")
     return data
 
 
 def check(data: dict, model: type[BaseModel]) -> BaseModel:
-    """``data`` validated by ``model``, or a 422 naming each bad field ("input.str: Input should be ...")."""
+    """``data`` validated by ``model``, or a 422 naming the bad fields ("input.str: Input should be ..."), the first
+    SHOWN_ERRORS of them, and the first as its ``param``."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         fields = ", ".join(model.model_fields)
+        errors = exc.errors(include_url=False)
         parts = [f"unknown field {'.'.join(str(x) for x in e['loc'])!r}: this route takes {fields}"
                  if e["type"] == "extra_forbidden" else f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}"
-                 for e in exc.errors(include_url=False)]
-        raise HTTPError(422, "malformed request body: " + "; ".join(parts), "invalid_request_error") from None
+                 for e in errors[:SHOWN_ERRORS]]
+        more = f"; and {len(errors) - SHOWN_ERRORS} more" if len(errors) > SHOWN_ERRORS else ""
+        param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
+        raise HTTPError(422, "malformed request body: " + "; ".join(parts) + more, "invalid_request_error",
+                        param=param) from None
 
 
 def answers(endpoint):
