@@ -9,7 +9,7 @@
 # wheel (~200 MB) first; without it pip takes PyPI's torch, which on Linux is the CUDA build (several GB).
 # Others: make run (execute all notebooks into build/, HTML + benchmark summary), make outputs
 # (re-execute notebooks in place to refresh committed outputs and their recorded run times), make readme
-# (rewrite README.md's measured parts from the committed notebooks), make clean.
+# (rewrite the measured parts of README.md and docs/ from the committed notebooks), make clean.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

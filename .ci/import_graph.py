@@ -6,7 +6,7 @@ importer depend on the imported module), relative imports resolved against the i
 package a module sits in is not counted as imported (Python runs its __init__ first, but that is the
 package's own layer question, checked where the package imports).
 
-The layers are the lines under ``btlib/`` in README.md's "## Architecture" block, top to bottom: a
+The layers are the lines under ``btlib/`` in docs/architecture.md's code block, top to bottom: a
 line indented two spaces names the modules (``x.py``) and packages (``pkg/``) of one layer, paths
 relative to btlib/; the most specific name covers a module. tests/test_layers.py checks the graph
 against them.
@@ -133,14 +133,17 @@ def largest(root: Path = ROOT, n: int = 10) -> list[tuple[int, str]]:
     return sorted(sizes, reverse=True)[:n]
 
 
-def readme_layers(root: Path = ROOT) -> list[list[str]]:
-    """The layers README.md's Architecture block draws, top first: each a list of names (``x.py``, ``pkg/``)."""
-    text = (root / "README.md").read_text()
-    section = text[text.index("## Architecture"):]
-    end = re.search(r"^## ", section[3:], re.M)  # the next section, if any
-    section = section if end is None else section[:end.start() + 3]
-    block = section[section.index("```") + 3:]
-    block = block[:block.index("```")]
+ARCHITECTURE = "docs/architecture.md"
+
+
+def architecture_layers(root: Path = ROOT) -> list[list[str]]:
+    """The layers docs/architecture.md draws, top first: each a list of names (``x.py``, ``pkg/``), from its first
+    code block with a line starting ``btlib/``."""
+    text = (root / ARCHITECTURE).read_text()
+    blocks = text.split("```")[1::2]  # the insides of the fenced blocks
+    block = next((b for b in blocks if re.search(r"^btlib/", b, re.MULTILINE)), None)
+    if block is None:
+        raise ValueError(f"{ARCHITECTURE} has no code block with a line starting 'btlib/'")
     lines = block.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("btlib/"))
     layers = []
@@ -189,11 +192,11 @@ def report(root: Path = ROOT) -> str:
     graph = import_graph(root)
     found = cycles(graph)
     try:
-        layers = readme_layers(root)
+        layers = architecture_layers(root)
         upward = upward_imports(graph, layer_of(layers, root))
-        layer_text = f"{len(layers)} layers in README.md, {len(upward)} upward imports"
-    except ValueError:  # a README without the layer lines (older checkouts)
-        upward, layer_text = [], "no layer lines in README.md"
+        layer_text = f"{len(layers)} layers in {ARCHITECTURE}, {len(upward)} upward imports"
+    except (OSError, ValueError):  # no layer lines (older checkouts)
+        upward, layer_text = [], f"no layer lines in {ARCHITECTURE}"
     lines = [f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges, {depth(graph)} levels (longest "
              f"import chain), {len(found)} cycles; {layer_text}"]
     lines += [f"  cycle: {{{', '.join(c)}}}" for c in found]

@@ -1,4 +1,4 @@
-"""Execute the workbook's notebooks headless, keep their Colab cells, generate the README's measured parts:
+"""Execute the workbook's notebooks headless, keep their Colab cells, generate the measured parts of README and docs/:
 ``python .ci/workbook.py run | refresh | colab | readme``.
 
 - ``run``: every notebook into build/notebooks/ (the committed ones are never rewritten),
@@ -11,9 +11,10 @@
   the setup cell, both built from pyproject.toml's ``[project.urls] Repository`` (a fork changes
   that line and reruns this), and point the README's Colab links there. Idempotent; every other
   cell, and its outputs, stays as it was.
-- ``readme [--check]``: rewrite README.md's generated parts (what the notebooks measured, on which
-  machine, and their run times) from the committed notebooks; ``--check`` only compares, and exits
-  1 with a diff where they disagree (workbook_readme.py says how).
+- ``readme [--check]``: rewrite the generated parts of README.md (what the notebooks measured, on which
+  machine, their reading and run times) and of docs/measuring.md and docs/families.md (the timing protocol, the
+  model families) from the committed notebooks and btlib; ``--check`` only compares, and exits 1 with a diff
+  where they disagree (workbook_readme.py says how).
 
 Outputs are cleaned of this machine's paths (checkout, home, temp dir) before they are written.
 """
@@ -219,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--no-quick", action="store_true", help="at default sizes, skip the second, quick-size run that times it")
     c = sub.add_parser("colab", help="insert or update each notebook's Colab badge and setup cell (from pyproject's URL)")
     c.add_argument("notebooks", nargs="*", type=Path)
-    m = sub.add_parser("readme", help="rewrite README.md's generated parts from the committed notebooks")
-    m.add_argument("--check", action="store_true", help="only compare; exit 1 with a diff where README.md disagrees")
+    m = sub.add_parser("readme", help="rewrite the generated parts of README.md and docs/ from the committed notebooks")
+    m.add_argument("--check", action="store_true", help="only compare; exit 1 with a diff where a page disagrees")
     args = parser.parse_args(argv)
 
     if args.cmd == "readme":
-        return workbook_readme.readme_command(ROOT / "README.md", NOTEBOOKS, check=args.check)
+        return workbook_readme.readme_command([ROOT / p for p in workbook_readme.PAGES], NOTEBOOKS, check=args.check,
+                                              required=workbook_readme.PARTS)
     nbs = [p.resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     if args.cmd == "colab":
         import nbformat
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
         bench_main(["summary", os.environ["BTLIB_RESULTS_DIR"]])
     if args.cmd == "refresh":
-        print("README.md's measured parts come from these outputs: python .ci/workbook.py readme")
+        print("the measured parts of README.md and docs/ come from these outputs: python .ci/workbook.py readme")
     return 0
 
 

@@ -1,8 +1,8 @@
-"""btlib.pretrained.coverage: README.md's "model families" table is the registry's, and every row names real tests.
+"""btlib.pretrained.coverage: docs/families.md's "model families" table is the registry's, and every row names real tests.
 
 The table is written by ``python .ci/workbook.py readme`` (workbook_readme.render_families); this test fails,
-with a diff, while README.md's block differs from coverage_table(), so a family added to FAMILIES without
-regenerating README.md (or a hand edit of the table) is caught.
+with a diff, while docs/families.md's block differs from coverage_table(), so a family added to FAMILIES without
+regenerating the page (or a hand edit of the table) is caught.
 """
 
 from pathlib import Path
@@ -16,12 +16,12 @@ from btlib.pretrained.coverage import family
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_table_is_the_generated_one():
-    text = (ROOT / "README.md").read_text()
+def test_families_page_table_is_the_generated_one():
+    text = (ROOT / "docs" / "families.md").read_text()
     begin, end = wr.markers(wr.FAMILIES)
-    assert text.count(begin) == 1 and text.count(end) == 1, f"README.md must hold {begin!r} and {end!r} once each"
+    assert text.count(begin) == 1 and text.count(end) == 1, f"docs/families.md must hold {begin!r} and {end!r} once each"
     new = wr.render_families(text, {k: v for s in wr.load(ROOT / "notebooks") for k, v in s.family_speeds.items()})
-    assert new == text, wr.diff(text, new) + "\nrun: python .ci/workbook.py readme"
+    assert new == text, wr.diff(text, new, "docs/families.md") + "\nrun: python .ci/workbook.py readme"
 
 
 def test_every_row_is_complete_and_names_existing_tests():

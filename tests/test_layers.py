@@ -1,9 +1,9 @@
-"""btlib's layers hold: no import cycle, no import pointing up against README.md's Architecture lines.
+"""btlib's layers hold: no import cycle, no import pointing up against docs/architecture.md's layer lines.
 
 The graph is read with ``ast`` by .ci/import_graph.py (``python .ci/import_graph.py`` prints its numbers):
 every import of a btlib module, at module level or inside a function, relative imports resolved. The layer
-order is README.md's: each line under ``btlib/`` in the Architecture block is one layer, top to bottom, so the
-README and this test cannot drift apart.
+order is docs/architecture.md's: each line under ``btlib/`` in its block is one layer, top to bottom, so the
+page and this test cannot drift apart.
 """
 
 import importlib.util
@@ -27,7 +27,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def layers():
-    return ig.readme_layers()
+    return ig.architecture_layers()
 
 
 def test_no_import_cycle(graph):
@@ -37,18 +37,18 @@ def test_no_import_cycle(graph):
 
 def test_no_import_points_up(graph, layers):
     upward = ig.upward_imports(graph, ig.layer_of(layers))
-    assert upward == [], ("imports of a module on a higher line of README.md's Architecture block (a lazy import "
+    assert upward == [], ("imports of a module on a higher line of docs/architecture.md's block (a lazy import "
                           "inside a function counts too): move the code down, or pass it in:\n" + "\n".join(upward))
 
 
-def test_every_module_is_on_one_readme_line_and_every_name_exists(layers):
+def test_every_module_is_on_one_layer_line_and_every_name_exists(layers):
     placed = ig.layer_of(layers)
     unplaced = sorted(set(ig.module_files()) - set(placed))
-    assert unplaced == [], f"modules no line under btlib/ in README.md's Architecture block names: {unplaced}"
+    assert unplaced == [], f"modules no line under btlib/ in docs/architecture.md names: {unplaced}"
     paths = [ig.module_path(m) for m in ig.module_files()]
     stale = [e for names in layers for e in names
              if not any(p == e or (e.endswith("/") and p.startswith(e)) for p in paths)]
-    assert stale == [], f"names in README.md's Architecture block that are no module or package of btlib: {stale}"
+    assert stale == [], f"names in docs/architecture.md's block that are no module or package of btlib: {stale}"
     names = [e for names in layers for e in names]
     assert len(names) == len(set(names)), "a name is on two layer lines"
     assert layers[0] == ["__init__.py"], "the package's public names import from every layer: its line is the top"
@@ -81,8 +81,13 @@ def test_the_graph_reader_resolves_lazy_and_relative_imports(tmp_path):
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
-    (tmp_path / "README.md").write_text(textwrap.dedent("""\
-        ## Architecture
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(textwrap.dedent("""\
+        # Architecture
+
+        ```python
+        import btlib  # a block without the layer lines comes first: it is skipped
+        ```
 
         ```
         btlib/       layers
@@ -97,7 +102,7 @@ def test_the_graph_reader_resolves_lazy_and_relative_imports(tmp_path):
     assert graph["btlib.sub.low"] == {"btlib.top": 4} and graph["btlib.top"] == {"btlib.sub.low": 1}
     assert set(graph["btlib.base"]) == {"btlib.sub.low", "btlib.top"} and set(graph["btlib"]) == {"btlib.top"}
     assert ig.cycles(graph) == [["btlib.sub.low", "btlib.top"]]
-    layers = ig.readme_layers(tmp_path)
+    layers = ig.architecture_layers(tmp_path)
     assert layers == [["__init__.py"], ["top.py"], ["sub/"], ["base.py"]]
     assert ig.upward_imports(graph, ig.layer_of(layers, tmp_path)) == [
         "btlib.base (line 1) -> btlib.sub.low", "btlib.base (line 2) -> btlib.top", "btlib.sub.low (line 4) -> btlib.top"]

@@ -63,8 +63,8 @@ def test_torch_pinned_to_the_cpu_wheel():
 
 
 def test_ci_runs_the_readme_test_command():
-    readme = (ROOT / "README.md").read_text()
-    assert "make test" in readme and "make lab" in readme
+    setup = (ROOT / "README.md").read_text().split("## Set-up")[1].split("\n## ")[0]
+    assert "make test" in setup and "make lab" in setup
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
@@ -86,7 +86,8 @@ def test_repository_url_is_named_once():
 
     url = repository_url()
     assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url)
-    for path in ("README.md", ".ci/workbook.py", "btlib/device.py", ".ci/run", "Makefile"):
+    docs = [p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")]
+    for path in ("README.md", *docs, ".ci/workbook.py", "btlib/device.py", ".ci/run", "Makefile"):
         text = (ROOT / path).read_text()
         assert text.count(url) == 0, f"{path} writes {url} by hand: derive it from pyproject.toml"
 
@@ -146,8 +147,9 @@ def test_cpu_only_torch_recipe_installs_torch_first_from_the_cpu_index():
                            check=True).stdout
     assert "--index-url" not in plain
     readme = (ROOT / "README.md").read_text()
-    assert f"make setup TORCH_INDEX={cpu}" in readme and f"pip install torch --index-url {cpu}" in readme
-    assert "make setup" in readme.split("## The notebooks")[0]
+    assert f"make setup TORCH_INDEX={cpu}" in readme.split("## The notebooks")[0], "the README's set-up names the recipe"
+    setup = (ROOT / "docs" / "setup.md").read_text()
+    assert f"make setup TORCH_INDEX={cpu}" in setup and f"pip install torch --index-url {cpu}" in setup
 
 
 # --- What the notebooks need is what `make setup` installs ------------------------------------------------------------

@@ -136,8 +136,9 @@ def test_no_committed_output_prints_a_fraction_of_a_bound_above_100_percent(path
                        "re-measures a bound that a row beats) or fix the bound:\n" + "\n".join(over)
 
 
-def test_the_readme_prints_no_fraction_of_a_bound_above_100_percent():
-    assert _over_100((ROOT / "README.md").read_text()) == []
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_the_readme_and_docs_print_no_fraction_of_a_bound_above_100_percent(page):
+    assert _over_100((ROOT / page).read_text()) == []
 
 
 ROUNDS_TYPED = re.compile(r"\b(?:[2-9]|two|three|four|five|six|seven|eight|nine|ten|a few|several)\s+(?:interleaved\s+)?rounds?\b"

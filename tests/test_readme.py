@@ -1,8 +1,9 @@
-"""README.md's measured parts are generated from the committed notebooks (.ci/workbook_readme.py), never typed.
+"""The measured parts of README.md and docs/ are generated from the committed notebooks (.ci/workbook_readme.py), never typed.
 
-The first test is the contract: README.md equals what ``python .ci/workbook.py readme`` writes from the
-notebooks as committed. It fails for every notebook without a ``readme`` cell, naming it. The others
-check the extraction and rendering on tiny synthetic notebooks, and that ``refresh`` records run times.
+The first test is the contract: README.md, docs/measuring.md and docs/families.md equal what
+``python .ci/workbook.py readme`` writes from the notebooks as committed. It fails for every notebook without a
+``readme`` cell, naming it. The others check the extraction and rendering on tiny synthetic notebooks, and that
+``refresh`` records run times.
 """
 
 from pathlib import Path
@@ -71,13 +72,50 @@ def write_notebooks(folder: Path, notebooks: dict) -> Path:
 
 
 def test_readme_agrees_with_the_committed_notebooks():
-    """Fails for any notebook without a `readme` cell (named), and with a diff where README.md is stale."""
-    text = (ROOT / "README.md").read_text()
+    """Fails for any notebook without a `readme` cell (named), where a generated part is on no page or two, and with
+    a diff where README.md or a docs page is stale."""
+    pages = {name: (ROOT / name).read_text() for name in wr.PAGES}
+    assert wr.owners(pages) == {wr.TABLE: "README.md", wr.MEASURES: "README.md", wr.PROTOCOL: "docs/measuring.md",
+                                wr.FAMILIES: "docs/families.md"}
     try:
-        new = wr.generate(text, wr.load(ROOT / "notebooks"))
+        new = wr.generate_pages(pages, wr.load(ROOT / "notebooks"))
     except wr.ReadmeError as e:
         pytest.fail(str(e))
-    assert new == text, wr.diff(text, new) + "\nrun: python .ci/workbook.py readme"
+    stale = "".join(wr.diff(pages[n], new[n], n) for n in wr.PAGES)
+    assert stale == "", stale + "\nrun: python .ci/workbook.py readme"
+
+
+def test_the_total_row_is_the_sum_of_the_rows_as_shown():
+    """What a reader adds up: the reading minutes, and the run times, of the rows printed above the total."""
+    table = (ROOT / "README.md").read_text().split(wr.markers(wr.TABLE)[0])[1].split(wr.markers(wr.TABLE)[1])[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+    *notebooks, total = rows
+    assert total[0] == "all" and notebooks and all(r[3].startswith("~") and r[3].endswith(" min") for r in notebooks)
+    minutes = sum(int(r[3][1:-4]) for r in notebooks)
+    assert total[3] == f"~{minutes} min ({minutes / 60:.1f} h)"
+
+    def seconds(shown: str) -> float:
+        n, unit = shown.split()
+        return float(n) * (60 if unit == "min" else 1)
+
+    for i in (0, 1):  # default, quick
+        times = [r[4].split(" / ")[i] for r in notebooks]
+        if "not recorded" not in times:
+            assert total[4].split(" / ")[i] == wr.fmt_seconds(sum(map(seconds, times)))
+
+
+def test_reading_times_say_they_are_estimates():
+    assert "estimated" in wr.READING_HEADER and f"{wr.PROSE_WPM} words" in wr.READING_HEADER
+    assert f"| {wr.READING_HEADER} |" in (ROOT / "README.md").read_text()
+
+
+def test_the_machine_is_named_with_its_generation():
+    """AMD EPYC names three generations with different vector units; the README's account of the machine names which."""
+    from btlib import cpu_generation as cg
+
+    section = (ROOT / "README.md").read_text().split("## What it measures")[1].split(wr.markers(wr.MEASURES)[0])[0]
+    names = {name for *_, name in cg._AMD} | set(cg._INTEL.values()) | set(cg._ARM.values())
+    assert any(name in section for name in names), "name the CPU's generation above the setup cells' lines"
 
 
 def test_summary_reads_the_title_the_readme_cell_the_machine_and_the_times():
@@ -126,7 +164,7 @@ def test_a_new_notebook_appears_once_it_has_a_table_row(tmp_path):
     row = "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | |\n"
     text = wr.generate(README.replace("<!-- END generated: notebook table -->", row + "<!-- END generated: notebook table -->"), wr.load(nbs))
     assert "- **[08 · eight](notebooks/08_eight.ipynb).**" in text
-    assert "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | 5 min | not recorded / not recorded |" in text
+    assert "| 08 | [eight](notebooks/08_eight.ipynb) | the eighth thing | ~5 min | not recorded / not recorded |" in text
 
 
 def test_a_table_row_without_its_notebook_is_refused(tmp_path):
@@ -156,9 +194,9 @@ def test_the_run_time_column_comes_from_the_metadata(tmp_path):
                                                    "02_two": make_nb("02 · Two", run_seconds={"quick": 3.0})})
     text = wr.generate(README, wr.load(nbs))
     assert f"| # | notebook | what you learn | {wr.READING_HEADER} | {wr.TIME_HEADER} |" in text
-    assert "| 01 | [one](notebooks/01_one.ipynb) | the first thing | 5 min | 2.5 min / 12 s |" in text
-    assert "| 02 | [two](notebooks/02_two.ipynb) | the second thing | 5 min | not recorded / 3 s |" in text
-    assert "| all | | every notebook, in order | 0.0 h | not all recorded / 15 s |" in text
+    assert "| 01 | [one](notebooks/01_one.ipynb) | the first thing | ~5 min | 2.5 min / 12 s |" in text
+    assert "| 02 | [two](notebooks/02_two.ipynb) | the second thing | ~5 min | not recorded / 3 s |" in text
+    assert "| all | | every notebook, in order | ~10 min (0.2 h) | not all recorded / 15 s |" in text
     assert "~1 min" not in text and "typed |" not in text
     assert wr.generate(text, wr.load(nbs)) == text  # generating again changes nothing
 
@@ -168,12 +206,25 @@ def test_the_reading_time_counts_prose_code_and_output():
                                          nbformat.v4.new_code_cell("a = 1\n\nb = 2\n" * 15,
                                                                    outputs=[_stream("line\n" * 60)])])
     assert wr.reading_minutes(nb) == pytest.approx(400 / wr.PROSE_WPM + 30 / wr.CODE_LPM + 60 / wr.OUTPUT_LPM)
-    assert [wr.fmt_minutes(m) for m in (0.4, 7.4, 7.6, 33)] == ["5 min", "5 min", "10 min", "35 min"]
+    assert [wr.fmt_minutes(m) for m in (0.4, 7.4, 7.6, 33)] == ["~5 min", "~5 min", "~10 min", "~35 min"]
 
 
 def test_fmt_seconds():
     assert [wr.fmt_seconds(s) for s in (None, 0.4, 38.4, 59.4, 59.6, 150.0)] == \
         ["not recorded", "0 s", "38 s", "59 s", "1.0 min", "2.5 min"]
+    assert [wr.shown_seconds(s) for s in (0.4, 38.4, 59.6, 151.0, 197.0)] == [0, 38, 60, 150, 198]
+
+
+def test_the_totals_add_the_rows_as_shown():
+    """Three notebooks of 7.4 reading minutes each show ~5 min, so the total is ~15 min, not 22 rounded to ~20;
+    run times of 19.4 s each show 19 s, so the total is 57 s, not 58."""
+    summaries = [wr.Summary(number=f"0{i}", stem=f"0{i}_x", title="x", text="t.", machine=(), sizes="default",
+                            run_seconds={"default": 19.4, "quick": 19.4}, reading_minutes=7.4) for i in (1, 2, 3)]
+    table = "\n".join(["| # | notebook | what you learn | |", "|---|---|---|---|"] +
+                      [f"| 0{i} | [x](notebooks/0{i}_x.ipynb) | x | |" for i in (1, 2, 3)])
+    rendered, problems = wr.render_table(table, summaries)
+    assert problems == []
+    assert rendered.splitlines()[-1] == "| all | | every notebook, in order | ~15 min (0.2 h) | 57 s / 57 s |"
 
 
 def test_check_mode_prints_the_diff_and_exits_1_until_written(tmp_path, capsys):
@@ -239,6 +290,31 @@ def test_nothing_btlibs_verdicts_print_is_refused():
 def test_missing_markers_are_refused():
     with pytest.raises(wr.ReadmeError, match="must hold the markers"):
         wr.generate("# no markers\n", [])
+
+
+def test_the_generated_parts_may_live_on_any_page_but_on_one_only(tmp_path):
+    """generate_pages rewrites each part where its markers are, and refuses a part on two pages or a required one
+    on none; readme_command writes every page it was given."""
+    nbs = write_notebooks(tmp_path / "notebooks", {"01_one": make_nb("01 · One"), "02_two": make_nb("02 · Two")})
+    begin, end = wr.markers(wr.PROTOCOL)
+    docs = f"# Measuring\n\n{begin}\ntyped\n{end}\n"
+    pages = wr.generate_pages({"README.md": README, "docs/measuring.md": docs}, wr.load(nbs),
+                              required=(wr.TABLE, wr.MEASURES, wr.PROTOCOL))
+    assert "**Default:**" in pages["docs/measuring.md"] and "typed" not in pages["docs/measuring.md"]
+    assert "- **[01 · One](notebooks/01_one.ipynb).**" in pages["README.md"]
+    with pytest.raises(wr.ReadmeError, match="'protocol' markers are on README.md and docs/measuring.md"):
+        wr.generate_pages({"README.md": README + docs, "docs/measuring.md": docs}, wr.load(nbs))
+    with pytest.raises(wr.ReadmeError, match="must hold the markers .*protocol"):
+        wr.generate_pages({"README.md": README}, wr.load(nbs), required=wr.PARTS)
+    (tmp_path / "docs").mkdir()
+    paths = [tmp_path / "README.md", tmp_path / "docs" / "measuring.md"]
+    paths[0].write_text(README)
+    paths[1].write_text(docs)
+    required = (wr.TABLE, wr.MEASURES, wr.PROTOCOL)
+    assert wr.readme_command(paths, nbs, check=True, required=required) == 1
+    assert wr.readme_command(paths, nbs, check=False, required=required) == 0
+    assert wr.readme_command(paths, nbs, check=True, required=required) == 0
+    assert paths[1].read_text() == pages["docs/measuring.md"]
 
 
 def test_refresh_records_the_default_and_the_quick_run_time(tmp_path, monkeypatch):
