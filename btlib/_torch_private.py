@@ -33,7 +33,7 @@ outside this module (tests/test_torch_private.py checks btlib's sources, and run
 and with its symbol taken away). Logger names (:data:`NESTED_SDPA_LOGGER`, :data:`FX_TRACE_LOGGER`) need no
 fallback: a logger nothing writes to is harmless.
 
-Imports only torch: the bottom line of README.md's Architecture block.
+Imports only torch: the bottom line of docs/architecture.md's layers.
 """
 
 from __future__ import annotations

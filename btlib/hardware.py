@@ -238,7 +238,7 @@ def cache_file() -> Path | None:
     return root / "build" / "btlib_hardware.json" if (root / "pyproject.toml").is_file() else None
 
 
-# Variables that restrict what torch's GEMM libraries may use (README: "what an AVX2-only laptop gets"): rates
+# Variables that restrict what torch's GEMM libraries may use (docs/setup.md: "what an AVX2-only laptop gets"): rates
 # measured under them are another machine's, so they are part of the cache key.
 ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR")
 

@@ -4,7 +4,7 @@ At light load a request mostly finds the server idle and runs alone. This sends 
 time (waiting for each answer, then ``--gap-ms`` of idle) to btlib's packed batcher and to ONNX Runtime one request per
 forward (btlib.bench.serve_load.make_batcher: one worker behind ``submit``), two rounds in ABBA order, and prints
 each round's median latency and its forward's (the batcher's ``inference_s``). Back to back it compares the forwards; after a gap it adds what waking up costs (on a
-VM, libgomp's sleeping threads: README's serving section, ``tests/probe_omp_wake.py``), which the packed batcher's
+VM, libgomp's sleeping threads: docs/serving.md, ``tests/probe_omp_wake.py``), which the packed batcher's
 keep-warm window (``--keep-warm-ms``, BatchEncoder's keep_warm_ms: 50 by default, 0 off) spares a request arriving
 within it. ORT runs only where onnxruntime is installed (the compare extra).
 """

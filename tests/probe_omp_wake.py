@@ -6,7 +6,7 @@ again. This times ``torch.exp`` of 65,536 floats on 2 threads after sleeping 0, 
 prints p50 / p90 and the process's CPU time, so runs under different settings compare (libgomp reads its variables
 when torch loads, so set them on the command line: ``GOMP_SPINCOUNT=3000000 python tests/probe_omp_wake.py``).
 Then the 60 ms gaps again with btlib.openmp.KeepWarm ticking through them, as BatchEncoder's idle worker does.
-README's serving section cites what it printed on a 2-core AMD EPYC VM.
+docs/serving.md cites what it printed on a 2-core AMD EPYC VM.
 """
 
 import os

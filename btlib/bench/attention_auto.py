@@ -13,7 +13,7 @@ and 8 packed sequences of mixed lengths 20-1000 (fp32 and bf16), H 12, D 64. Pro
 The check: the error against the fp32 reference in units of the kernel's tolerance (fp32: 1e-5 of the
 reference's scale; bf16: twice SDPA's own bf16 error on the same inputs), must be <= 1. The summary prints the
 issue-style table: per case, auto's pick, SDPA's time over auto's and over the fastest btlib kernel's.
-Run it native and with torch restricted to AVX2 (README) to see both machines a reader may have.
+Run it native and with torch restricted to AVX2 (docs/setup.md) to see both machines a reader may have.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torchtext's XLMR_BASE_ENCODER (the model of PyTorch's BetterTransformer tutorial
 RoBERTa encoder: token embedding + learned positions offset by the padding index, an
 embedding LayerNorm, nn.TransformerEncoder (batch_first, post-LN, GELU) and a classification
 head (dense, ReLU, dense) on the first token. torchtext 0.18 cannot be imported on current
-torch (its C++ library is built against torch 2.3; see the README), so this module rebuilds
+torch (its C++ library is built against torch 2.3; see docs/caveats.md), so this module rebuilds
 that architecture from torch.nn with random weights: the same shapes, the same PyTorch
 modules, hence the same fastpath behaviour.
 

@@ -1,12 +1,12 @@
 """Which model families btlib loads, what each is checked against, how closely, at which precisions: one registry.
 
     from btlib.pretrained import FAMILIES, coverage_table
-    print(coverage_table())          # the markdown table README.md carries (its "model families" block)
+    print(coverage_table())          # the markdown table docs/families.md carries (its "model families" block)
 
 :data:`FAMILIES` is the one list: a family added to btlib adds one :class:`Family` row here (its model_types and
-loader are what btlib.load_pretrained looks up: config.json is read once, its model_type names the row), README.md's
+loader are what btlib.load_pretrained looks up: config.json is read once, its model_type names the row), docs/families.md's
 table is regenerated from it (``python .ci/workbook.py readme``), and tests/test_coverage.py fails while
-README.md's block differs from :func:`coverage_table` or a row names a test file that does not exist.
+docs/families.md's block differs from :func:`coverage_table` or a row names a test file that does not exist.
 ``fp32_tol`` is the bound the row's tests assert (max |btlib - reference| over the reference's max |value|),
 so the figure in the table is the one a test holds; the tests added with a row read it from here.
 """
@@ -119,9 +119,9 @@ def family(name: str) -> Family:
 
 
 def coverage_table(speeds: Mapping[str, str] | None = None) -> str:
-    """FAMILIES as a markdown table (no trailing newline): the text between README.md's "model families" markers.
+    """FAMILIES as a markdown table (no trailing newline): the text between docs/families.md's "model families" markers.
 
-    ``speeds``: family -> its measured speed against transformers, as text (README.md's come from notebook 07's
+    ``speeds``: family -> its measured speed against transformers, as text (docs/families.md's come from a notebook's
     committed run, read by .ci/workbook_readme.py); adds that column, naming the command for families without one.
     """
     head = ["family", "loads", "checked against", "fp32 parity", "precisions", "tests"]

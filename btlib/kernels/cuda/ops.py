@@ -10,7 +10,7 @@ in the input dtype. The extension builds on the first call (build.py); ``cuda_av
 looks (a CUDA torch, a GPU, nvcc), never compiles.
 
 Ranked below PyTorch's kernels (registry.PRIORITY < 0), so ``backend="auto"`` keeps SDPA on CUDA tensors: on the
-one GPU this has run on (an H200, README Caveats; notebook 05's benchmark) SDPA's flash kernel was as fast or faster
+one GPU this has run on (an H200, docs/caveats.md; notebook 05's benchmark) SDPA's flash kernel was as fast or faster
 on dense inputs. Name a kernel (``backend="cuda_flash"``) to use it.
 """
 
