@@ -271,7 +271,7 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read(prompted):
         answer = _raw(server.url, b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                                   b"Transfer-Encoding: chunked\r\n\r\n",
                       b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
-        assert answer.startswith(b"HTTP/1.1 413") and b'"type": "payload_too_large"' in answer.replace(b'":"', b'": "'), answer
+        assert answer.startswith(b"HTTP/1.1 413") and b'"type": "invalid_request_error"' in answer.replace(b'":"', b'": "'), answer
         with client_of(server) as c:
             assert c.post("/embed", json={"inputs": "w1"}).status_code == 200  # within the limit
             r = c.post("/embed", json={"inputs": ["w1 " * 400]})

@@ -159,7 +159,7 @@ def test_api_key_and_overload_answer_401_and_429(model):
             while c.get("/metrics", headers=auth).text.count("btlib_serve_queue_texts 4") == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             r = c.post("/v1/embeddings", json={"input": "one too many"}, headers=auth)
-            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["error"]["type"] == "overloaded"
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["error"]["type"] == "rate_limit_error"
             gate.set()
             for t in threads:
                 t.join(60)

@@ -64,6 +64,22 @@ def _raw(url: str, request: bytes, timeout: float = 30) -> bytes:
     return out
 
 
+# -- (6) one Host header ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("allowed", [("127.0.0.1", "localhost", "::1"), None])
+def test_more_than_one_host_header_is_a_400(tiny, allowed):
+    """Was: only the first Host header was checked (127.0.0.1 then evil.example: 200). RFC 9112 3.2: 400 for more than
+    one, and for an HTTP/1.1 request without one; also on a server that answers any name."""
+    with running_app(tiny, allowed_hosts=allowed) as server:
+        for hosts, status in [((b"127.0.0.1", b"evil.example"), 400), ((b"127.0.0.1", b"127.0.0.1"), 400),
+                              ((b"evil.example", b"127.0.0.1"), 400), ((b"127.0.0.1",), 200), ((), 400)]:
+            head = b"".join(b"Host: %s\r\n" % h for h in hosts)
+            answer = _raw(server.url, b"GET /health HTTP/1.1\r\n%sConnection: close\r\n\r\n" % head)
+            assert answer.startswith(b"HTTP/1.1 %d" % status), (hosts, answer[:300])
+            if status == 400:
+                assert b"RFC 9112" in answer
+        assert _raw(server.url, b"GET /health HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")  # no Host in HTTP/1.0
+
+
 # -- (7) malformed JSON of any depth or size --------------------------------------------------------------------------
 @pytest.mark.parametrize("raw, match", [
     (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
@@ -85,3 +101,12 @@ def test_malformed_json_of_any_depth_or_size_is_a_422_naming_it(client, raw, mat
         assert r.status_code == 422 and match in r.text and len(r.content) < 4000, (path, r.status_code, r.text[:300])
         assert time.perf_counter() - t < 5
     assert client.post("/embed", json={"inputs": "w1"}).status_code == 200  # the connection serves the next one
+
+
+@pytest.mark.parametrize("header, status", [("Bearer s3cret", 200), ("bearer s3cret", 200), ("BEARER s3cret", 200),
+                                            ("bEaReR s3cret", 200), ("Bearer S3CRET", 401), ("Basic s3cret", 401),
+                                            ("Bearers3cret", 401), ("s3cret", 401), ("Bearer s3cret2", 401)])
+def test_the_auth_scheme_is_case_insensitive(tiny, header, status):
+    """Was: 401 for ``bearer KEY`` (RFC 9110 11.1: the scheme is case-insensitive); the key itself is not."""
+    with running_app(tiny, api_key="s3cret") as server, client_of(server) as c:
+        assert c.post("/embed", json={"inputs": "w1"}, headers={"Authorization": header}).status_code == status

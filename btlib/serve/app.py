@@ -24,9 +24,9 @@ the length limit, the batcher's budget and ``usage``. ``dimensions`` keeps the f
 renormalises where the model's output is normalised, as OpenAI and TEI do. ``normalize=false`` gives the model's
 vector before its Normalize module.
 
-Errors: 401 without the API key (``Authorization: Bearer KEY``); 400 for a Host header that names neither this
-machine nor ``allowed_hosts`` (DNS rebinding: a web page whose name resolves to 127.0.0.1 reached a keyless
-loopback server); 404 for an unknown route, 405 for a known route's wrong method; 413 for a body past
+Errors: 401 without the API key (``Authorization: Bearer KEY``, the scheme in any case); 400 for a Host header that
+names neither this machine nor ``allowed_hosts`` (DNS rebinding: a web page whose name resolves to 127.0.0.1 reached
+a keyless loopback server), and for more than one Host header; 404 for an unknown route, 405 for a known route's wrong method; 413 for a body past
 ``payload_limit`` bytes (refused from its Content-Length before a byte of
 it is read, or as soon as a chunked body passes it), for more than ``max_inputs`` inputs, or for an input past the
 model's length with its prompt and without truncation; 422 with a message naming the field for a malformed body
@@ -34,7 +34,7 @@ model's length with its prompt and without truncation; 422 with a message naming
 a route the model does not serve; 429 with ``Retry-After`` when
 the queue is full; 500 in the route's error shape, the connection kept, for anything else. Every error, 404 and 405
 included, is in its route family's shape: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` under /v1/ and
-at /embeddings, TEI's ``{"error", "error_type"}`` elsewhere (btlib.serve.guards.error_response).
+at /embeddings (OpenAI's type names), TEI's ``{"error", "error_type"}`` elsewhere (btlib.serve.guards.error_response).
 
 The event loop answers every connection, /health included, so nothing slow runs on it: a body of more than
 ``OFF_LOOP_BYTES`` is parsed, tokenized (the batcher counts tokens at submit) and its answer serialised on a worker
@@ -139,8 +139,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     app.add_middleware(BodyLimit, limit=payload_limit)
     if api_key is not None:
         app.add_middleware(APIKey, api_key=api_key)
-    if allowed_hosts is not None and "*" not in allowed_hosts:
-        app.add_middleware(HostCheck, allowed=tuple(allowed_hosts))
+    app.add_middleware(HostCheck, allowed=None if allowed_hosts is None or "*" in allowed_hosts else tuple(allowed_hosts))
 
     svc = Service(batcher, model_name=model_name, max_inputs=max_inputs, long_inputs=long_inputs, chunk_overlap=chunk_overlap)
     # Plain Starlette routes that parse their own body (btlib.serve.bodies.parse): FastAPI's endpoint wrapper (body

@@ -3,8 +3,9 @@
 Plain ASGI middleware (no task group per request, as Starlette's BaseHTTPMiddleware would add), importable without
 fastapi: ``python -m btlib.serve`` checks its flags with :func:`check_api_key` before it imports the server.
 
-    HostCheck    400 unless the Host header names this machine or an allowed name (DNS rebinding)
-    APIKey       401 unless ``Authorization: Bearer <key>`` (every route but /health)
+    HostCheck    400 unless the request has one Host header (RFC 9112 3.2) naming this machine or an allowed name
+                 (DNS rebinding)
+    APIKey       401 unless ``Authorization: Bearer <key>`` (the scheme in any case; every route but /health)
     BodyLimit    413 for a body past the limit, before it is read (TEI: 2 MB)
 """
 
@@ -14,11 +15,14 @@ import ipaddress
 import secrets
 from typing import Sequence
 
-__all__ = ["PAYLOAD_LIMIT", "LOOPBACK_HOSTS", "HTTPError", "TooLarge", "openai_path", "error_response", "check_api_key",
-           "allowed_host_names", "APIKey", "BodyLimit", "HostCheck"]
+__all__ = ["PAYLOAD_LIMIT", "LOOPBACK_HOSTS", "HTTPError", "TooLarge", "openai_path", "openai_type", "error_response",
+           "check_api_key", "allowed_host_names", "APIKey", "BodyLimit", "HostCheck"]
 
 PAYLOAD_LIMIT = 2_000_000  # bytes of a request body at most: TEI's --payload-limit default
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # the Host names a loopback server answers (any 127.x.y.z too)
+# OpenAI's error types by status (its error-codes guide; the openai client's AuthenticationError, RateLimitError, ...):
+# under /v1/ a client reads these, not TEI's kinds ("Validation", "overloaded", "payload_too_large", "not_found", ...)
+OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
 class HTTPError(Exception):
@@ -34,14 +38,21 @@ def openai_path(path: str) -> bool:
     return path.startswith("/v1/") or path == "/embeddings"
 
 
+def openai_type(status: int) -> str:
+    """OpenAI's error ``type`` for an answer's status: invalid_request_error for a 4xx that is the request's fault,
+    server_error for a 5xx, OPENAI_TYPES' names for the others."""
+    return OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
 def error_response(path: str, status: int, message: str, kind: str, headers: dict | None = None,
                    param: str | None = None) -> object:
     """The error in the shape of the route's API: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` under
-    /v1/ and at /embeddings, TEI's ``{"error", "error_type"}`` elsewhere."""
+    /v1/ and at /embeddings (type: :func:`openai_type`; param: the request field at fault, if one), TEI's
+    ``{"error", "error_type"}`` (``kind``) elsewhere."""
     from starlette.responses import JSONResponse
 
     if openai_path(path):
-        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        body = {"error": {"message": message, "type": openai_type(status), "param": param, "code": status}}
     else:
         body = {"error": message, "error_type": kind}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -49,21 +60,24 @@ def error_response(path: str, status: int, message: str, kind: str, headers: dic
 
 class APIKey:
     """ASGI middleware: every HTTP route but /health and ``GET /`` (TEI's health check there) answers 401 unless
-    ``Authorization: Bearer <api_key>`` is sent.
+    ``Authorization: Bearer <api_key>`` is sent; the scheme is case-insensitive (RFC 9110 11.1: ``bearer KEY`` is
+    the same credential).
 
     A plain ASGI class, added only when a key is set: Starlette's BaseHTTPMiddleware (``@app.middleware("http")``)
     runs each request through a task group and memory streams, which cost a third of the server's CPU per small
     request even with no key to check (btlib.serve.remote's server_cpu_ms measures it per request).
-    The header's bytes are compared in constant time (secrets.compare_digest) with the key's UTF-8 bytes.
+    The credential's bytes are compared in constant time (secrets.compare_digest) with the key's UTF-8 bytes; the
+    scheme is no secret.
     """
 
     def __init__(self, app, api_key: str):  # the key was checked by create_app: Starlette builds this on the first request
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected = app, api_key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not (scope["path"] == "/" and scope["method"] == "GET"):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not secrets.compare_digest(given, self.expected):
+            scheme, _, credential = given.partition(b" ")
+            if not (secrets.compare_digest(credential.lstrip(b" "), self.expected) and scheme.lower() == b"bearer"):
                 response = error_response(scope["path"], 401, "missing or wrong API key: send Authorization: Bearer <key>",
                                           "authentication_error", {"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
@@ -144,17 +158,23 @@ def allowed_host_names(host: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 class HostCheck:
-    """ASGI middleware: 400 unless the Host header names an allowed host (any port).
+    """ASGI middleware: 400 unless the request has exactly one Host header and it names an allowed host (any port;
+    ``allowed`` None: any name).
 
     DNS rebinding: a web page on evil.example whose name is made to resolve to 127.0.0.1 can have the visitor's
-    browser post to a loopback server; the browser still sends ``Host: evil.example``, which this refuses. A request
-    without a Host header (HTTP/1.0) passes: a browser always sends one.
+    browser post to a loopback server; the browser still sends ``Host: evil.example``, which this refuses. A second
+    Host header is refused whatever it names (RFC 9112 3.2: a server MUST answer 400 to more than one, and to an
+    HTTP/1.1 request without one): only the first was checked, so ``127.0.0.1`` then ``evil.example`` was answered.
+    An HTTP/1.0 request without a Host header passes: a browser always sends one.
     """
 
-    def __init__(self, app, allowed: Sequence[str]):
-        self.app, self.allowed = app, frozenset(h.lower().strip("[]") for h in allowed)
+    def __init__(self, app, allowed: Sequence[str] | None):
+        self.app = app
+        self.allowed = None if allowed is None else frozenset(h.lower().strip("[]") for h in allowed)
 
     def _ok(self, host: bytes) -> bool:
+        if self.allowed is None:
+            return True
         name = host.decode("latin-1").strip().lower()
         if name.startswith("["):  # [::1]:8080
             name = name[1:].partition("]")[0]
@@ -169,11 +189,15 @@ class HostCheck:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            host = next((v for k, v in scope["headers"] if k == b"host"), None)
-            if host is not None and not self._ok(host):
-                allowed = ", ".join(sorted(self.allowed))
-                response = error_response(scope["path"], 400, f"Host {host.decode('latin-1')!r} is not this server's "
-                                          f"({allowed}): to serve another name start python -m btlib.serve with "
-                                          "--allowed-host NAME", "invalid_host")
-                return await response(scope, receive, send)
+            hosts = [v for k, v in scope["headers"] if k == b"host"]
+            message = None
+            if len(hosts) > 1:
+                message = f"{len(hosts)} Host headers: a request has one (RFC 9112 3.2)"
+            elif not hosts and scope.get("http_version") == "1.1":
+                message = "no Host header: an HTTP/1.1 request has one (RFC 9112 3.2)"
+            elif hosts and not self._ok(hosts[0]):
+                message = (f"Host {hosts[0].decode('latin-1')!r} is not this server's ({', '.join(sorted(self.allowed))}): "
+                           "to serve another name start python -m btlib.serve with --allowed-host NAME")
+            if message is not None:
+                return await error_response(scope["path"], 400, message, "invalid_host")(scope, receive, send)
         await self.app(scope, receive, send)
