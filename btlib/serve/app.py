@@ -12,8 +12,8 @@ Routes, by API (each module's docstring gives the bodies and answers):
 
 A server holds one model: an embedding model answers the embedding routes, a cross-encoder (a
 :class:`btlib.serve.rerank.PairScorer` as the batcher's model) answers /rerank and /predict; the other routes
-answer 424 saying which server to start (TEI's status for "model is not a re-ranker model"). /embed_sparse is 424
-on every server: no sparse (SPLADE) model is served yet. The routes share btlib.serve.service (the checks, the run
+answer 424 saying which server to start (TEI's status for "model is not a re-ranker model"). A SPLADE folder
+answers /embed_sparse (424 elsewhere). The routes share btlib.serve.service (the checks, the run
 through the batcher, TEI's x-compute-time / x-queue-time / x-inference-time / x-tokenization-time headers on every
 answer that ran the model).
 
@@ -26,19 +26,22 @@ vector before its Normalize module.
 
 Errors: 401 without the API key (``Authorization: Bearer KEY``, the scheme in any case); 400 for a Host header that
 names neither this machine nor ``allowed_hosts`` (DNS rebinding: a web page whose name resolves to 127.0.0.1 reached
-a keyless loopback server), and for more than one Host header; 404 for an unknown route, 405 for a known route's wrong method; 413 for a body past
-``payload_limit`` bytes (refused from its Content-Length before a byte of
+a keyless loopback server), and for more than one Host header; 404 for an unknown route, 405 for a known route's
+wrong method; 413 for a body past ``payload_limit`` bytes (refused from its Content-Length before a byte of
 it is read, or as soon as a chunked body passes it), for more than ``max_inputs`` inputs, or for an input past the
-model's length with its prompt and without truncation; 422 with a message naming the field for a malformed body
+model's length with its prompt and without truncation, and for an answer past ``answer_limit`` bytes
+(btlib.serve.answer); 422 with a message naming the field for a malformed body
 (one not in UTF-8 included: UTF-16, a UTF-8 BOM) or a text that is not Unicode (a lone surrogate, such as a JSON "\\ud800" escape); 424 for
 a route the model does not serve; 429 with ``Retry-After`` when
 the queue is full; 500 in the route's error shape, the connection kept, for anything else. Every error, 404 and 405
 included, is in its route family's shape: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` under /v1/ and
-at /embeddings (OpenAI's type names), TEI's ``{"error", "error_type"}`` elsewhere (btlib.serve.guards.error_response).
+at /embeddings (OpenAI's type names, the field at fault as param), TEI's ``{"error", "error_type"}`` elsewhere
+(btlib.serve.guards.error_response). A malformed body of any depth or size is a 422 saying why (btlib.serve.bodies).
 
 The event loop answers every connection, /health included, so nothing slow runs on it: a body of more than
 ``OFF_LOOP_BYTES`` is parsed, tokenized (the batcher counts tokens at submit) and its answer serialised on a worker
-thread. Before, a 49 MB body kept /health waiting 40 s and grew the process by 2.5 GB before its 413.
+thread; /tokenize and /decode always run on one (tokenizers' encode holds the GIL: a 1.9 MB text froze every
+connection for 2.4 s). Before, a 49 MB body kept /health waiting 40 s and grew the process by 2.5 GB before its 413.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 from ..pretrained.chunking import check_long_inputs  # noqa: E402
+from .answer import ANSWER_FACTOR, Answers  # noqa: E402
+from .fields import check_overlap  # noqa: E402
 from .openai_routes import openai_routes  # noqa: E402
 from .rerank_routes import rerank_routes  # noqa: E402
 from .service import Service  # noqa: E402
@@ -78,7 +83,7 @@ __all__ = ["create_app", "start_server", "server_config", "RunningServer", "allo
 def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", api_key: str | None = None,
                max_inputs: int = 256, auto_truncate: bool = False, payload_limit: int = PAYLOAD_LIMIT,
                allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS, long_inputs: str | None = None,
-               chunk_overlap: int | None = None) -> FastAPI:
+               chunk_overlap: int | None = None, answer_limit: int | None = None) -> FastAPI:
     """The FastAPI app serving ``batcher``; closing the app (server shutdown) closes the batcher after answering.
 
     batcher.model: an embedding model (/v1/embeddings, /embed, ...) or a :class:`btlib.serve.rerank.PairScorer`
@@ -91,9 +96,14 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     ``truncate`` field overrides it where the route has one): long_inputs="truncate". long_inputs: what a request
     that does not say does with an input past the model's length: "refuse" (413; the default), "truncate" or "chunk"
     (btlib.serve.service; chunk_overlap: tokens consecutive chunks share, default 1/8 of the window). payload_limit: bytes
-    of a request body at most (413 beyond, TEI's 2 MB by default). allowed_hosts: the Host header names answered
-    (any port; :func:`allowed_host_names` derives them from a bind address); None or ("*",): any.
+    of a request body at most (413 beyond, TEI's 2 MB by default). answer_limit: bytes of an answer at most (413
+    beyond, btlib.serve.answer; default ANSWER_FACTOR (16) payload limits). allowed_hosts: the Host header names
+    answered (any port; :func:`allowed_host_names` derives them from a bind address); None or ("*",): any name, but
+    one Host header still (RFC 9112).
     """
+    if isinstance(max_inputs, bool) or not isinstance(max_inputs, int) or max_inputs < 1:
+        raise ValueError(f"max_inputs must be an int >= 1 (inputs per request); got {max_inputs!r}: with 0 every "
+                         "request would be a 413")
     if max_inputs > batcher.max_queue:
         raise ValueError(f"max_inputs={max_inputs} exceeds the batcher's max_queue={batcher.max_queue}: such a request could never be queued")
     if isinstance(payload_limit, bool) or not isinstance(payload_limit, int) or payload_limit <= 0:
@@ -105,6 +115,9 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     elif auto_truncate and long_inputs != "truncate":
         raise ValueError(f"auto_truncate=True is long_inputs='truncate'; got long_inputs={long_inputs!r} too: pass one")
     check_long_inputs(long_inputs, chunk_overlap)
+    if chunk_overlap is not None and hasattr(batcher.model, "tokenizer"):
+        check_overlap(batcher.model, chunk_overlap, None)  # below the default prompt's chunk window
+    out = Answers(ANSWER_FACTOR * payload_limit if answer_limit is None else answer_limit)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -145,7 +158,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     # Plain Starlette routes that parse their own body (btlib.serve.bodies.parse): FastAPI's endpoint wrapper (body
     # handling, dependency solving, telemetry hooks) cost 0.05 ms of server CPU per request more (POST
     # /v1/embeddings through the app alone: 0.204 -> 0.157 ms, 2-core Intel Xeon). openapi() keeps /docs complete.
-    routes = {**tei_routes(svc), **rerank_routes(svc), **openai_routes(svc)}
+    routes = {**tei_routes(svc, out), **rerank_routes(svc, out), **openai_routes(svc, out)}
     # outermost: every answer is counted by route and status, the Host check's, the key's and the body limit's too
     app.add_middleware(CountAnswers, counts=svc.metrics.counts, names={p: p.strip("/").replace("/", "_") or "root" for p in routes})
     for path, (endpoint, _, method) in routes.items():

@@ -25,7 +25,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..pretrained.encoding import check_text
-from .bodies import RerankDocumentsRequest, TEIPredictRequest, TEIRerankRequest, parse, to_json
+from .answer import Answers, Array
+from .bodies import RerankDocumentsRequest, TEIPredictRequest, TEIRerankRequest, parse
+from .fields import fields
 from .guards import HTTPError
 from .rerank import rank_scores
 from .service import Service
@@ -38,12 +40,12 @@ def rerank_model(data: dict):
     return RerankDocumentsRequest if "documents" in data else TEIRerankRequest
 
 
-async def rerank_body(svc: Service, body, start: float) -> Response:
-    """/rerank's answer to a parsed TEI or Cohere / Jina body."""
-    svc.holds("reranker")
+async def rerank_body(svc: Service, out: Answers, body, start: float) -> Response:
+    """/rerank's answer to a parsed TEI or Cohere / Jina body (written by ``out``: texts echoed count against the
+    answer limit)."""
+    c = fields(svc, "rerank", body)
     cohere = isinstance(body, RerankDocumentsRequest)
     texts, field = (body.documents, "documents") if cohere else (body.texts, "texts")
-    truncate = svc.auto_truncate if cohere else svc.truncation(body.truncation_direction, body.truncate)
     if cohere and body.top_n is not None and body.top_n < 1:
         raise HTTPError(422, f"top_n={body.top_n}: ask for 1 or more results (or leave top_n out: all of them)",
                         "Validation", param="top_n")
@@ -52,23 +54,22 @@ async def rerank_body(svc: Service, body, start: float) -> Response:
             check_text(text, name)
         except ValueError as e:
             raise HTTPError(422, str(e), "Validation", param=field) from None
-    ran = await svc.run([(body.query, t) for t in texts], truncate, field, field)  # (N, 1) logits
+    ran = await svc.run([(body.query, t) for t in texts], c.mode, field, field)  # (N, 1) logits
     ranks = rank_scores(ran.rows, False if cohere else body.raw_scores)
     if cohere:
         results = [{"index": i, "relevance_score": score, **({"document": {"text": texts[i]}} if body.return_documents else {})}
                    for i, score in ranks[:body.top_n]]
         tokens = ran.future.tokens
-        out = {"id": uuid.uuid4().hex, "model": svc.model_name, "results": results,
-               "usage": {"total_tokens": tokens, "prompt_tokens": tokens}}
+        answer = {"id": uuid.uuid4().hex, "model": svc.model_name, "results": Array(results),
+                  "usage": {"total_tokens": tokens, "prompt_tokens": tokens}}
     else:
-        out = [{"index": i, "score": score, **({"text": texts[i]} if body.return_text else {})} for i, score in ranks]
-    return Response(to_json(out), media_type="application/json", headers=svc.timing(ran, start))
+        answer = Array({"index": i, "score": score, **({"text": texts[i]} if body.return_text else {})} for i, score in ranks)
+    return await out.respond(lambda: answer, len(ranks) > 64, svc.timing(ran, start))
 
 
-async def predict_body(svc: Service, body: TEIPredictRequest, start: float) -> Response:
+async def predict_body(svc: Service, out: Answers, body: TEIPredictRequest, start: float) -> Response:
     """/predict's answer: one prediction list per (query, text) pair, its one label scored."""
-    svc.holds("reranker")
-    truncate = svc.truncation(body.truncation_direction, body.truncate)
+    c = fields(svc, "predict", body)
     single = isinstance(body.inputs, list) and len(body.inputs) == 2 and all(isinstance(x, str) for x in body.inputs)
     pairs = [body.inputs] if single else body.inputs
     why = "a cross-encoder scores (query, text) pairs: send inputs [query, text] or a batch [[query, text], ...]"
@@ -84,13 +85,13 @@ async def predict_body(svc: Service, body: TEIPredictRequest, start: float) -> R
             except ValueError as e:
                 raise HTTPError(422, str(e), "Validation", param="inputs") from None
     raw, top_k = _predict_parameters(body)
-    ran = await svc.run([tuple(p) for p in pairs], truncate, "inputs", "pairs")  # (N, 1) logits
+    ran = await svc.run([tuple(p) for p in pairs], c.mode, "inputs", "pairs")  # (N, 1) logits
     scores = (ran.rows if raw else torch.sigmoid(ran.rows)).tolist()  # (N, num_labels = 1)
     label = svc.labels()
     predictions = [sorted(({"score": s, "label": label[k]} for k, s in enumerate(row)), key=lambda p: -p["score"])[:top_k]
                    for row in scores]
-    out = predictions[0] if single else predictions
-    return Response(to_json(out), media_type="application/json", headers=svc.timing(ran, start))
+    return await out.respond(lambda: predictions[0] if single else Array(predictions), len(predictions) > 64,
+                             svc.timing(ran, start))
 
 
 def _predict_parameters(body: TEIPredictRequest) -> tuple[bool, int | None]:
@@ -111,20 +112,20 @@ def _predict_parameters(body: TEIPredictRequest) -> tuple[bool, int | None]:
     return raw, p.top_k
 
 
-def rerank_routes(svc: Service) -> dict:
+def rerank_routes(svc: Service, out: Answers) -> dict:
     """path -> (endpoint, the body model openapi() describes, method) for the reranker's routes."""
 
     async def rerank(request: Request) -> Response:
         start = time.perf_counter()
-        return await rerank_body(svc, await parse(request, rerank_model), start)
+        return await rerank_body(svc, out, await parse(request, rerank_model), start)
 
     async def rerank_v1(request: Request) -> Response:
         start = time.perf_counter()
-        return await rerank_body(svc, await parse(request, RerankDocumentsRequest), start)
+        return await rerank_body(svc, out, await parse(request, RerankDocumentsRequest), start)
 
     async def predict(request: Request) -> Response:
         start = time.perf_counter()
-        return await predict_body(svc, await parse(request, TEIPredictRequest), start)
+        return await predict_body(svc, out, await parse(request, TEIPredictRequest), start)
 
     return {"/rerank": (rerank, TEIRerankRequest, "POST"), "/v1/rerank": (rerank_v1, RerankDocumentsRequest, "POST"),
             "/predict": (predict, TEIPredictRequest, "POST")}
