@@ -217,7 +217,7 @@ def test_sigterm_answers_every_accepted_request(tmp_path):
             for t in threads:
                 t.join(120)
         assert [r.status_code for r in results] == [200] * 12
-        assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down gracefully
+        assert proc.wait(60) == 0  # a graceful stop (uvicorn re-raised the signal: -15 before)
         assert "Traceback" not in proc.stdout.read()
     finally:
         if proc.poll() is None:

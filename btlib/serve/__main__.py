@@ -18,20 +18,76 @@ It binds 127.0.0.1 unless told otherwise (``--host 0.0.0.0`` serves the network:
 requests whose Host header names the address it bound (loopback names for 127.0.0.1; any for 0.0.0.0 / ::), so a web
 page cannot reach it through DNS rebinding; ``--allowed-host NAME`` adds a name (a proxy's). Request bodies past
 ``--payload-limit`` bytes (2 MB, TEI's default) are refused before they are read. An empty API key is refused.
-SIGTERM / Ctrl-C stop it gracefully: no new connections, every accepted request answered, then exit.
+Answers past ``--answer-limit`` bytes (16 payload limits) are refused (413). SIGTERM / Ctrl-C stop it gracefully: no
+new connections, every accepted request answered, then exit (SIGTERM: status 0).
+
+Every value is checked before anything loads: one line naming the flag and exit status 2, as argparse does for a
+value of the wrong type (``--port 99999`` and ``--threads -1`` were tracebacks, ``--max-inputs 0`` a server that
+answered every request 413); an address that cannot be bound is said before the model loads too.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
+import signal
 import sys
 
 from ..precision import ENCODE_PRECISIONS
 from .guards import PAYLOAD_LIMIT, check_api_key
 
-__all__ = ["main"]
+__all__ = ["main", "RULES"]
+
+_finite = math.isfinite
+# dest -> (what it must be, its test): the numbers argparse takes by type only (None: the flag's "not set")
+RULES = {
+    "port": ("a TCP port, 0 to 65535 (0: any free port)", lambda v: 0 <= v <= 65535),
+    "max_batch_tokens": ("an int > 0 (tokens of one forward)", lambda v: v > 0),
+    "max_wait_ms": ("a finite number >= 0 (milliseconds)", lambda v: _finite(v) and v >= 0),
+    "max_queue": ("an int > 0 (texts waiting)", lambda v: v > 0),
+    "max_wait_s": ("a finite number > 0 (seconds)", lambda v: v is None or _finite(v) and v > 0),
+    "keep_warm_ms": ("a finite number >= 0 (milliseconds)", lambda v: _finite(v) and v >= 0),
+    "max_inputs": ("an int > 0 (inputs per request)", lambda v: v > 0),
+    "chunk_overlap": ("an int >= 0 (tokens)", lambda v: v is None or v >= 0),
+    "threads": ("an int > 0", lambda v: v is None or v > 0),
+    "payload_limit": ("an int > 0 (bytes)", lambda v: v > 0),
+    "answer_limit": ("an int > 0 (bytes)", lambda v: v is None or v > 0),
+}
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """The first flag whose value cannot run, said in one line; None when every value can."""
+    for dest, (what, ok) in RULES.items():
+        value = getattr(args, dest)
+        if not ok(value):
+            return f"argument --{dest.replace('_', '-')}: {dest} must be {what}; got {value}"
+    if args.max_inputs > args.max_queue:
+        return (f"argument --max-inputs: {args.max_inputs} exceeds --max-queue {args.max_queue}: such a request could "
+                "never be queued")
+    if args.auto_truncate and args.long_inputs not in (None, "truncate"):
+        return (f"argument --auto-truncate: auto_truncate=True is long_inputs='truncate'; got --long-inputs "
+                f"{args.long_inputs} too: pass one")
+    if args.chunk_overlap is not None and args.long_inputs != "chunk":
+        return "argument --chunk-overlap: applies to --long-inputs chunk only"
+    if args.model is not None and not os.path.isdir(args.model):
+        return f"argument --model: {args.model!r} is not a folder (a sentence-transformers or Hugging Face model folder)"
+    bad = next((h for h in args.allowed_host if not h or not all(33 <= ord(c) <= 126 for c in h)), None)
+    if bad is not None:
+        return f"argument --allowed-host: {bad!r} is not a host name (printable ASCII without spaces)"
+    if args.api_key is not None:
+        try:
+            check_api_key(args.api_key)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def _stopped(sig, frame) -> None:
+    """SIGTERM, once uvicorn has answered every accepted request and re-raised it (its default handler would end the
+    process with status -15): a graceful stop, status 0."""
+    raise SystemExit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,17 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
     p.add_argument("--payload-limit", type=int, default=PAYLOAD_LIMIT,
                    help=f"bytes of a request body at most; beyond: 413 before it is read (default {PAYLOAD_LIMIT:,}, TEI's)")
+    p.add_argument("--answer-limit", type=int, default=None,
+                   help="bytes of an answer at most; beyond: 413 (default 16 x --payload-limit: /tokenize writes ~60 "
+                        "bytes per token, /embed_all ~20 per float)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host header name to answer besides the bound address's (repeatable; e.g. a proxy's DNS name)")
     args = p.parse_args(argv)
-    if args.api_key is not None:
-        try:
-            check_api_key(args.api_key)
-        except ValueError as e:
-            print(f"python -m btlib.serve: {e}", file=sys.stderr)
-            return 2
-    if args.payload_limit <= 0:
-        print(f"python -m btlib.serve: --payload-limit must be a positive number of bytes; got {args.payload_limit}", file=sys.stderr)
+    if why := _refused(args):
+        print(f"python -m btlib.serve: {why}", file=sys.stderr)
         return 2
 
     from .extras import missing
@@ -89,16 +142,28 @@ def main(argv: list[str] | None = None) -> int:
         if why := missing(module, "serve"):
             print(f"python -m btlib.serve: {why}", file=sys.stderr)
             return 2
+    from .app import bind
+
+    try:  # bound, not listening: a port in use is said now, not after the model loads; clients wait for listen()
+        sock = bind(args.host, args.port, listen=False)
+    except OSError as e:  # in use, not this machine's address, a name that does not resolve
+        print(f"python -m btlib.serve: cannot bind {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    with sock:  # closed on every way out: a refusal at start, or the server's end
+        return _serve(args, sock)
+
+
+def _serve(args: argparse.Namespace, sock) -> int:
+    """Load the model, build the app, listen on ``sock`` and serve until stopped; 2 for a model or setting refused."""
     import torch
     import uvicorn
 
+    from ..memory import keep_freed_memory
     from ..pretrained import load_pretrained, load_reranker
     from ..pretrained.sparse import is_sparse_folder, load_sparse
-    from .app import allowed_host_names, bind, create_app, server_config
+    from .app import BACKLOG, allowed_host_names, create_app, server_config
     from .batcher import BatchEncoder
     from .rerank import PairScorer, is_reranker_folder
-
-    from ..memory import keep_freed_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
         app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
                          auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,
-                         long_inputs=args.long_inputs, chunk_overlap=args.chunk_overlap,
+                         answer_limit=args.answer_limit, long_inputs=args.long_inputs, chunk_overlap=args.chunk_overlap,
                          allowed_hosts=allowed_host_names(args.host, args.allowed_host))
     except ValueError as e:  # a precision this model lacks (int8 on ModernBERT), a limit out of range: said at start
         print(f"python -m btlib.serve: {e}", file=sys.stderr)
         return 2
-    sock = bind(args.host, args.port)
+    sock.listen(BACKLOG)
     host, port = sock.getsockname()[:2]
     kind = " (reranker: POST /rerank, /predict)" if isinstance(model, PairScorer) else ""
     print(f"btlib.serve: {name}{kind} on http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -135,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     # Zen 4, 2 cores, tests/probe_overload.py). gc.freeze moves them out of the collector's reach (they are never garbage).
     gc.collect()
     gc.freeze()
+    signal.signal(signal.SIGTERM, _stopped)
     uvicorn.Server(server_config(app)).run(sockets=[sock])
     return 0
 

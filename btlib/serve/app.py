@@ -194,8 +194,12 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
     return app
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one, no race with other processes)."""
+BACKLOG = 2048  # connections the kernel holds for accept()
+
+
+def bind(host: str = "127.0.0.1", port: int = 0, listen: bool = True) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one, no race with other processes); ``listen`` False:
+    bound only (the port is taken, connections are refused until ``sock.listen(BACKLOG)``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP, and accepted
     # sockets inherit this one's. With proto 0, uvicorn's two writes per answer (head, then body) met the client's
@@ -203,7 +207,8 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(BACKLOG)
     return sock
 
 
