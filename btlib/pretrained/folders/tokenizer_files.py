@@ -25,12 +25,21 @@ families agree with their classes' defaults).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from .checkpoint import CheckpointError
 
-if TYPE_CHECKING:
-    from .st_folder import FolderPlan
+
+class FolderPlan(Protocol):
+    """What these functions read of btlib.pretrained.folders.st_folder.FolderPlan (a Protocol here: st_folder imports
+    this module, and a layer does not import the one above it)."""
+
+    transformer_dir: Path
+    do_lower_case: bool
+    max_seq_length: int | None
+
+    def file(self, name: str, what: str) -> dict: ...
 
 __all__ = ["tokenizer", "special_ids", "passes_token_types", "tokenizer_class"]
 
