@@ -2,16 +2,14 @@
 
 (2) /tokenize ran on the event loop (a 1.9 MB text: every connection, /health too, waited 2.4 s) and an answer had no
 bound (65 MB); (5) SPLADE's /embed skipped the long-input checks; (6) a second Host header was not checked; (7) JSON
-nested past ~1,000 levels or an integer past 4,300 digits was a 500; (8) bad CLI values were tracebacks; (11) an
-out-of-range chunk_overlap passed when no text needed chunking, --max-inputs 0 was accepted, ``bearer`` in lower case
-was a 401, and /v1/ errors carried TEI's type names and ``param: null``. The tiny folders are tests/st_folders.py's
+nested past ~1,000 levels or an integer past 4,300 digits was a 500; (11) an out-of-range chunk_overlap passed when no
+text needed chunking, max_inputs 0 was accepted, ``bearer`` in lower case was a 401, and /v1/ errors carried TEI's
+type names and ``param: null``. (8), bad CLI values, is tests/test_serve_cli.py's. The tiny folders are tests/st_folders.py's
 (cased word-level tokenizer: "w1" is one token, a text's tokens are its words plus [CLS] and [SEP]).
 """
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -29,8 +27,8 @@ pytest.importorskip("sentence_transformers")
 
 from st_folders import write_hf, write_st  # noqa: E402
 
-TESTED_HERE = ["btlib.serve.tei", "btlib.serve.openai_routes", "btlib.serve.rerank_routes", "btlib.serve.__main__",
-               "btlib.serve.guards", "btlib.serve.bodies", "btlib.serve.app"]
+TESTED_HERE = ["btlib.serve.tei", "btlib.serve.openai_routes", "btlib.serve.rerank_routes", "btlib.serve.guards",
+               "btlib.serve.bodies", "btlib.serve.app"]
 PROMPTS = {"query": "w1 w2 ", "passage": "W3 "}  # 2 and 1 tokens
 MAX = 12  # max_seq_length: [CLS] + 10 words + [SEP]; the chunk window is 10 less the prompt's tokens
 
@@ -229,68 +227,6 @@ def test_malformed_json_of_any_depth_or_size_is_a_422_naming_it(client, raw, mat
         assert r.status_code == 422 and match in r.text and len(r.content) < 4000, (path, r.status_code, r.text[:300])
         assert time.perf_counter() - t < 5
     assert client.post("/embed", json={"inputs": "w1"}).status_code == 200  # the connection serves the next one
-
-
-# -- (8) every CLI value checked at start, in one line, before the model loads --------------------------------------
-@pytest.mark.parametrize("argv, match", [
-    (["--port", "99999"], "argument --port: port must be a TCP port, 0 to 65535"),
-    (["--port", "-1"], "argument --port"),
-    (["--threads", "-1"], "argument --threads: threads must be an int > 0; got -1"),
-    (["--threads", "0"], "argument --threads"),
-    (["--max-inputs", "0"], "argument --max-inputs: max_inputs must be an int > 0"),
-    (["--max-inputs", "-3"], "argument --max-inputs"),
-    (["--max-inputs", "2000"], "exceeds --max-queue 1024"),
-    (["--max-batch-tokens", "0"], "argument --max-batch-tokens"),
-    (["--max-queue", "0"], "argument --max-queue"),
-    (["--max-wait-ms", "nan"], "argument --max-wait-ms"),
-    (["--max-wait-s", "0"], "argument --max-wait-s: max_wait_s must be a finite number > 0"),
-    (["--max-wait-s", "inf"], "argument --max-wait-s"),
-    (["--keep-warm-ms", "inf"], "argument --keep-warm-ms"),
-    (["--payload-limit", "0"], "argument --payload-limit"),
-    (["--answer-limit", "-1"], "argument --answer-limit"),
-    (["--long-inputs", "chunk", "--chunk-overlap", "-1"], "argument --chunk-overlap"),
-    (["--chunk-overlap", "4"], "applies to --long-inputs chunk only"),
-    (["--auto-truncate", "--long-inputs", "chunk"], "auto_truncate=True is long_inputs='truncate'"),
-    (["--model", "/no/such/folder"], "is not a folder"),
-    (["--allowed-host", "two words"], "argument --allowed-host"),
-    (["--api-key", ""], "the API key is empty"),
-    (["--host", "999.1.1.1"], "cannot bind 999.1.1.1:0"),
-])
-def test_every_cli_value_is_checked_before_the_model_loads(argv, match, monkeypatch, capsys):
-    """Was: --port 99999 and --threads -1 were tracebacks after the model loaded; --max-inputs 0 a server that
-    answered 413 to every request."""
-    import btlib.pretrained
-    from btlib.serve.__main__ import main
-
-    def loaded(*a, **kw):
-        raise AssertionError("the model loaded before the values were checked")
-
-    monkeypatch.setattr(btlib.pretrained, "load_pretrained", loaded)
-    monkeypatch.delenv("BTLIB_API_KEY", raising=False)
-    assert main(["--port", "0", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("python -m btlib.serve: ") and err.count("\n") == 1 and match in err, err
-
-
-def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys):
-    import btlib.pretrained
-    from btlib.serve.__main__ import main
-
-    monkeypatch.setattr(btlib.pretrained, "load_pretrained", lambda *a, **kw: pytest.fail("the model loaded"))
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        assert main(["--port", str(port)]) == 2
-    err = capsys.readouterr().err
-    assert f"cannot bind 127.0.0.1:{port}" in err and err.count("\n") == 1, err
-
-
-def test_python_m_btlib_serve_says_a_bad_port_in_one_line_and_exits_2():
-    p = subprocess.run([sys.executable, "-m", "btlib.serve", "--port", "99999", "--threads", "-1"], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert "argument --port" in p.stderr
 
 
 # -- (11) the smaller ones ---------------------------------------------------------------------------------------------
