@@ -118,3 +118,35 @@ def test_max_wait_s_holds_from_the_first_request(model, monkeypatch):
         for f in [first, *accepted]:
             f.result(120)
     assert refused > 0 and sum(f.tokens for f in accepted) <= rate * 0.3
+
+
+def test_the_server_refuses_a_request_past_max_request_tokens_and_says_its_cap(model):
+    """Over HTTP: 413 naming max_request_tokens for a chunked request past it, with param; /info states the cap."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from btlib.serve.app import create_app, start_server
+
+    batcher = BatchEncoder(model, max_wait_ms=0, max_request_tokens=1000)
+    server = start_server(create_app(batcher, long_inputs="chunk"))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            assert c.get("/info").json()["max_request_tokens"] == 1000
+            r = c.post("/embed", json={"inputs": [LONG]})
+            assert r.status_code == 413 and "max_request_tokens=1,000" in r.json()["error"], r.text
+            r = c.post("/v1/embeddings", json={"input": [LONG], "model": "m"})
+            assert r.status_code == 413 and r.json()["error"]["param"] == "input", r.text
+            assert c.post("/embed", json={"inputs": [LONG], "truncate": True}).status_code == 200  # 256 tokens
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-request-tokens", "0"], "max_request_tokens must be an int > 0"),
+    (["--max-batch-tokens", "100"], "below this model's max_length 256"),
+])
+def test_the_cli_refuses_a_cap_or_budget_that_cannot_run(argv, message, capsys):
+    pytest.importorskip("fastapi")
+    from btlib.serve.__main__ import main
+
+    assert main([*argv, "--port", "0"]) == 2
+    assert message in capsys.readouterr().err

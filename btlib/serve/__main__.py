@@ -54,6 +54,7 @@ RULES = {
     "threads": ("an int > 0", lambda v: v is None or v > 0),
     "payload_limit": ("an int > 0 (bytes)", lambda v: v > 0),
     "answer_limit": ("an int > 0 (bytes)", lambda v: v is None or v > 0),
+    "max_request_tokens": ("an int > 0 (tokens of one request, chunks included)", lambda v: v is None or v > 0),
 }
 
 
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                         "request arriving then does not wait ~8 ms on a VM for a sleeping thread to wake (default 50; "
                         "0: off, the threads sleep after libgomp's own few-ms spin; the price is a core busy that long)")
     p.add_argument("--max-inputs", type=int, default=256, help="inputs per request at most; beyond: 413")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help="tokens of one request at most, counted after chunking; beyond: 413 (default: --max-inputs x "
+                        "the model's max_length, what a request without chunking can reach: 65,536 for MiniLM). A "
+                        "request bigger than --max-batch-tokens runs in slices, never in one forward")
     p.add_argument("--precision", default=None, choices=ENCODE_PRECISIONS, help="encode's precision")
     p.add_argument("--auto-truncate", action="store_true", help="truncate overlong inputs instead of answering 413 "
                                                                 "(--long-inputs truncate)")
@@ -176,10 +181,16 @@ def _serve(args: argparse.Namespace, sock) -> int:
     except ValueError as e:  # CheckpointError or PairScorer's num_labels: a folder btlib cannot serve, said without a traceback
         print(f"python -m btlib.serve: {e}", file=sys.stderr)
         return 2
+    if args.max_batch_tokens < model.max_length:  # as TEI: one input must fit one forward
+        print(f"python -m btlib.serve: argument --max-batch-tokens: {args.max_batch_tokens} is below this model's "
+              f"max_length {model.max_length}, so one input could not fit a forward; raise it to {model.max_length} "
+              "or more", file=sys.stderr)
+        return 2
     try:
         batcher = BatchEncoder(model, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                                max_queue=args.max_queue, precision=args.precision, max_wait_s=args.max_wait_s,
-                               worker_nice=args.worker_nice or None, keep_warm_ms=args.keep_warm_ms)
+                               worker_nice=args.worker_nice or None, keep_warm_ms=args.keep_warm_ms,
+                               max_request_tokens=args.max_request_tokens or args.max_inputs * model.max_length)
         name = os.path.basename(os.path.normpath(args.model)) if args.model else "all-MiniLM-L6-v2"
         app = create_app(batcher, model_name=name, api_key=args.api_key, max_inputs=args.max_inputs,
                          auto_truncate=args.auto_truncate, payload_limit=args.payload_limit,

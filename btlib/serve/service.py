@@ -205,9 +205,12 @@ class Service:
                 raise HTTPError(422, f"prompt_name={prompt_name!r} with token-id inputs: the ids run as they are; put "
                                      "the prompt's ids in them (or send text)", "Validation", param="prompt_name")
             self._count(inputs, field, "inputs")
-            tokens = self.token_ids(inputs, truncate, field)
+            n = sum(len(r) for r in inputs)
+            check = functools.partial(self.token_ids, inputs, truncate, field)
+            big = n > OFF_LOOP_BYTES // 4  # a 2 MB body of ids: tens of ms of checking, off the event loop
+            tokens = await asyncio.get_running_loop().run_in_executor(None, check) if big else check()
             return await self._submit(functools.partial(self.batcher.submit_tokens, tokens, output=output), field,
-                                      sum(len(r) for r in inputs), sum(len(r) for r in inputs) > OFF_LOOP_BYTES // 4, len(inputs))
+                                      n, big, len(inputs))
         return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output, chunk_overlap=chunk_overlap)
 
     def _count(self, items: list, field: str, noun: str) -> None:

@@ -265,4 +265,5 @@ def _info(svc: Service) -> dict:
     return {"model_id": svc.model_name, "model_dtype": dtype, "served_model_name": svc.model_name, "model_type": kind,
             "max_input_length": svc.model.max_length, "max_batch_tokens": svc.batcher.max_batch_tokens,
             "max_batch_requests": svc.batcher.max_batch_requests, "max_client_batch_size": svc.max_inputs,
+            "max_request_tokens": svc.batcher.max_request_tokens,  # btlib's: a request's tokens after chunking
             "auto_truncate": svc.auto_truncate, "version": __version__}
