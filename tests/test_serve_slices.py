@@ -87,14 +87,23 @@ def test_short_requests_share_the_batches_of_a_sliced_one(model, monkeypatch):
 
 
 def test_max_request_tokens_refuses_by_tokens_after_chunking(model):
-    with BatchEncoder(model, max_request_tokens=1000) as b:
+    with BatchEncoder(model, max_request_tokens=2000) as b:  # LONG: 1,200 words, ~3,000 tokens once chunked
         b.submit([LONG], truncate="truncate").result(60)  # 256 tokens: within the cap
-        with pytest.raises(RequestTooLarge, match=r"max_request_tokens=1,000") as e:
+        with pytest.raises(RequestTooLarge, match=r"max_request_tokens=2,000") as e:
             b.submit([LONG], truncate="chunk")
         assert "chunks" in str(e.value) and b.queue_depth() == (0, 0)
         assert b.snapshot()["requests"] == 1
     with pytest.raises(ValueError, match="max_request_tokens"):
         BatchEncoder(model, max_request_tokens=0)
+
+
+def test_a_chunked_request_with_more_words_than_the_cap_is_refused_before_tokenizing(model, monkeypatch):
+    """Each word is a token at least: 2,000 words past a 1,000-token cap are refused without counting their tokens
+    (e398218 tokenized a 2 MB body's 1.3M tokens, 7 s and ~0.5 GB, before anything could refuse it)."""
+    with BatchEncoder(model, max_request_tokens=1000) as b:
+        monkeypatch.setattr(type(model), "tokens", lambda *a, **kw: pytest.fail("tokenized"))
+        with pytest.raises(RequestTooLarge, match=r"2,000 words"):
+            b.submit([" ".join(["word"] * 2000)], truncate="chunk")
 
 
 def test_max_wait_s_holds_from_the_first_request(model, monkeypatch):

@@ -128,11 +128,11 @@ class BatchEncoder:
     # -- callers -----------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[Item], *, truncate: bool | str = True, prompt_name: str | None = None,
                  chunk_overlap: int | None = None) -> Tokens:
-        """``texts`` tokenized once, as the model will run them, its prompt included (``prompt_name``, else the folder's
-        default prompt): what :meth:`submit` queues. truncate=False (or "refuse") raises InputTooLong for one past
-        ``max_length`` with its prompt; "chunk" cuts it into chunks of max_length, ``chunk_overlap`` tokens shared
-        (btlib.pretrained.chunking). ValueError for a prompt_name the model does not have (btlib.serve.queue.tokenize)."""
-        return tokenize(self.model, list(texts), truncate=truncate, prompt_name=prompt_name, chunk_overlap=chunk_overlap)
+        """``texts`` tokenized once, as the model runs them, prompt included: what :meth:`submit` queues. truncate=False
+        ("refuse"): InputTooLong past ``max_length``; "chunk": chunks of max_length sharing ``chunk_overlap`` tokens
+        (btlib.pretrained.chunking). ValueError for an unknown prompt_name (btlib.serve.queue.tokenize)."""
+        return tokenize(self.model, list(texts), truncate=truncate, prompt_name=prompt_name, chunk_overlap=chunk_overlap,
+                        max_tokens=self.max_request_tokens)
 
     def count_tokens(self, texts: Sequence[Item], *, truncate: bool = True, prompt_name: str | None = None) -> list[int]:
         """Tokens per text (pair) as the model will see them, its prompt included: :meth:`tokenize`'s lengths."""
