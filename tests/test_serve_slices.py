@@ -67,20 +67,23 @@ def test_many_texts_run_in_slices_and_keep_their_order(model, monkeypatch):
 
 
 def test_short_requests_share_the_batches_of_a_sliced_one(model, monkeypatch):
-    """The chunked request ahead leads each batch; a short request behind it joins the batch its last slice leaves
-    room in, and no forward passes the budget."""
+    """The chunked request ahead leads each batch, but takes half the budget while others wait: the short requests
+    behind it run in the first batch after the blocker and are answered long before it (e398218 ran the whole book in
+    one forward; a strict FIFO of slices would have made them wait for all of it)."""
     gate = threading.Event()
     forwards = Forwards(monkeypatch, model, gate)
+    done: list[str] = []
     with BatchEncoder(model, max_batch_tokens=BUDGET) as b:
         blocker = b.submit(["held by the worker"])
         assert forwards.started.wait(60)
         long = b.submit([LONG], truncate="chunk")
         short = [b.submit([f"query {i}"]) for i in range(3)]
+        for name, f in [("long", long), *((f"short {i}", f) for i, f in enumerate(short))]:
+            f.add_done_callback(lambda _, name=name: done.append(name))
         gate.set()
         out = [f.result(120) for f in (blocker, long, *short)]
-    assert max(forwards.tokens) <= BUDGET
-    batches = b.snapshot()["batches"]
-    assert batches == len(forwards.tokens) and batches <= 1 + -(-long.tokens // BUDGET) + 1
+    assert max(forwards.tokens) <= BUDGET and forwards.tokens[1] <= BUDGET // 2 + sum(f.tokens for f in short)
+    assert done[-1] == "long" and b.snapshot()["batches"] == len(forwards.tokens)
     torch.testing.assert_close(out[1], model.encode([LONG], long_inputs="chunk"), atol=1e-6, rtol=0)
     for i, o in enumerate(out[2:]):
         torch.testing.assert_close(o, model.encode([f"query {i}"]), atol=1e-6, rtol=0)
