@@ -55,6 +55,7 @@ def run_line(threads: int, keep_warm_ms: float) -> str:
     import torch
 
     from btlib import hardware
+    from btlib.cpu_generation import cpu_generation
 
-    return (f"CPU: {hardware.cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} threads, "
+    return (f"CPU: {hardware.cpu_name()} {cpu_generation()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} threads, "
             f"packed keep_warm_ms={keep_warm_ms:g}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset)')}")
