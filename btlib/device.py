@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 from ._version import __version__
+from .fold import Folded
+from .cpu_generation import cpu_generation
 from .gemm import forced_path
 from .hardware import as_dict, machine
 from .precision import (AUTO_MARGIN, PRECISIONS, PrecisionChoice, SlowPrecisionWarning, bf16_slow_reason, choose_precision,
@@ -135,29 +137,41 @@ def _picked(ranges: list | None, M: int) -> str | None:
     return None
 
 
-def describe_device(file=None) -> str:
-    """Print (to ``file``, default stdout) and return where btlib was imported from, the device, and what it means.
+def describe_device(file=None, *, full: bool = False) -> str:
+    """Print (to ``file``, default stdout) and return the runtime in four lines: btlib, torch and Python; the CPU with
+    its generation, cores, threads and the kernel build; the GPU or its absence; the sizes. In a notebook the rest
+    (bf16, every GEMM path's measured rate, what precision="auto" picks) is displayed folded under one line;
+    ``full=True`` prints it too.
 
-    Measures this CPU's GEMM paths the first time (~3 s, then cached on disk): the line says which
-    path btlib takes per precision and token count, and how fast each path ran.
+    Measures this CPU's GEMM paths the first time (~3 s, then cached on disk) for that folded part.
     """
     env = describe_machine()
     lines = [f"btlib {__version__} from {Path(__file__).resolve().parents[1]}, "
              f"torch {torch.__version__}, Python {platform.python_version()}"]
-    cpu = machine_line({**env, "gpu": None}, rates=False)
-    lines.append(f"device: {cpu}" if env["gpu"] is None else f"device: GPU {env['gpu']} (and {cpu}); the GPU cells run")
-    lines.append(f"  bf16 {'native' if env['bf16_native'] else 'not native'} ({env['bf16_why']}); best GEMM measured "
-                 f"{env['fp32_gflops']:.0f} GFLOP/s fp32{_via(env, 'fp32')}, {env['bf16_gflops']:.3g} bf16{_via(env, 'bf16')} "
-                 f"({env['bf16_speedup']:.2g}x fp32)")
-    lines += [f"  {line}" for line in gemm_lines(env)]
-    lines.append(f'  precision="auto": {choose_precision()}')
+    cpu = machine_line({**env, "gpu": None}, rates=False).replace(f"CPU {env['cpu']}", f"CPU {env['cpu']} {cpu_generation()}", 1)
+    lines.append(f"device: {cpu}")
     if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        lines += [f"  {note}" for note in gpu_notes(p.major, p.minor)]
+        lines.append(f"GPU {env['gpu']}: the GPU cells run")
     else:
-        lines.append("  no GPU: the GPU cells skip and say why; the C++ kernels compile with the system compiler on first use")
+        lines.append("no GPU: the GPU cells skip and say why; the C++ kernels compile with the system compiler on first use")
     lines.append("sizes: quick (BTLIB_QUICK=1; timings mean little)" if quick_mode()
                  else "sizes: default (BTLIB_QUICK=1 shrinks them to seconds)")
-    text = "\n".join(lines)
+    rest = [f"bf16 {'native' if env['bf16_native'] else 'not native'} ({env['bf16_why']}); best GEMM measured "
+            f"{env['fp32_gflops']:.0f} GFLOP/s fp32{_via(env, 'fp32')}, {env['bf16_gflops']:.3g} bf16{_via(env, 'bf16')} "
+            f"({env['bf16_speedup']:.2g}x fp32)", *gemm_lines(env), f'precision="auto": {choose_precision()}']
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        rest += gpu_notes(p.major, p.minor)
+    text = "\n".join(lines + ([f"  {line}" for line in rest] if full else []))
     print(text, file=file or sys.stdout)
+    if not full and _in_notebook():
+        from IPython.display import display
+
+        display(Folded("the machine in full: bf16, every GEMM path's measured rate, what precision=\"auto\" picks",
+                       "\n".join(rest)))
     return text
+
+
+def _in_notebook() -> bool:
+    """Whether an IPython kernel runs this (a notebook, or IPython in a terminal)."""
+    return "IPython" in sys.modules and getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None

@@ -198,10 +198,22 @@ def test_packed_encoder_bf16_on_a_non_native_cpu_warns_once_and_auto_is_fp32(fre
         assert bf16(torch.randn(2, 5, 32)).dtype == torch.float32
 
 
-def test_describe_device_prints_the_machine_line(capsys):
+def test_describe_device_prints_four_lines_and_the_rest_on_request(capsys, monkeypatch):
+    """A notebook's setup cell: four lines in view (the CPU with its generation); the GEMM table and precision="auto"
+    folded under one line in a notebook, printed with full=True."""
+    from btlib.cpu_generation import cpu_generation
+    from btlib.fold import Folded
+
+    shown = []
+    monkeypatch.setattr(device, "_in_notebook", lambda: True)
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
     text = device.describe_device()
-    assert "btlib kernels" in text and "GFLOP/s fp32" in text and 'precision="auto":' in text
-    assert "GEMM at the encoder's shapes" in text and "* the path btlib takes" in text and "*" in text.split("tokens (")[1]
+    assert len(text.splitlines()) == 4 and "btlib kernels" in text and cpu_generation() in text.splitlines()[1]
+    assert len(shown) == 1 and isinstance(shown[0], Folded) and 'precision="auto":' in shown[0]
+    assert "<details>" in shown[0]._repr_html_() and "GFLOP/s fp32" in shown[0]
+    full = device.describe_device(full=True)
+    assert full.startswith(text) and "GFLOP/s fp32" in full and 'precision="auto":' in full
+    assert "GEMM at the encoder's shapes" in full and "* the path btlib takes" in full and "*" in full.split("tokens (")[1]
 
 
 def test_import_measures_nothing():

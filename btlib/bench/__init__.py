@@ -9,11 +9,12 @@ from .core import (BENCHMARKS, Benchmark, Provider, declare, describe_machine, l
                    time_fn)
 from .describe import describe
 from .memory import peak_memory
-from .timing import NOISE_LIMIT, Protocol, protocol
+from ..fold import Folded, fold
+from .timing import NOISE_LIMIT, Protocol, protocol, protocol_note
 from .report import load_rows, plot, speedups, table
 from .verdict import Comparison, compare, find_row, noise, share_of_ideal
 from ..kernels.cpu.flash import bench as _flash_bench  # noqa: F401 - declares attention_dense_bf16
 from ..kernels.cpu.teaching import bench as _teaching_bench  # noqa: F401 - declares cpu_attention_versions
 
 __all__ = ["BENCHMARKS", "Benchmark", "Provider", "declare", "describe_machine", "quick_mode", "results_dir", "run", "run_rounds",
-           "time_fn", "describe", "protocol", "Protocol", "NOISE_LIMIT", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]
+           "time_fn", "describe", "protocol", "protocol_note", "Protocol", "Folded", "fold", "NOISE_LIMIT", "Comparison", "compare", "find_row", "noise", "share_of_ideal", "peak_memory", "load_rows", "plot", "speedups", "table", "load_all"]

@@ -1,6 +1,6 @@
 """The experiment in view: what a benchmark runs, where, and how it is checked and timed, printed from the declaration.
 
-    print(describe("attention_dense"))
+    print(describe("attention_dense"))      # in a notebook: display(describe(...)), one line, the rest folded
 
 A benchmark cell that calls ``bench.run(bench.load_all()[name])`` hides the code inside the timed loop one or two
 files away. :func:`describe` prints it from the objects that will run: the sizes, the check every provider passes
@@ -20,6 +20,7 @@ from ..kernels import get, kernels
 from ..kernels.cpu.source import binding
 from ..kernels.registry import Kernel
 from .core import Benchmark, Provider, load_all, quick_mode
+from ..fold import Folded
 from .timing import protocol
 
 __all__ = ["describe"]
@@ -126,10 +127,11 @@ def _clip(text: str, width: int = 110) -> str:
 
 
 def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict | None = None, x_vals=None,
-             providers=None, rounds: int | None = None, **timing) -> str:
+             providers=None, rounds: int | None = None, **timing) -> Folded:
     """What ``btlib.bench.run(bench)`` would run, as lines of text (see the module's docstring); ``params``,
     ``x_vals``, ``providers``, ``rounds`` and the timing keywords (``warmup``, ``min_runs``, ``max_runs``,
-    ``min_time_s``) as a cell passes them to ``run`` / ``run_rounds``."""
+    ``min_time_s``) as a cell passes them to ``run`` / ``run_rounds``. A :class:`btlib.fold.Folded`: printed,
+    the whole text; displayed in a notebook, one line with the text folded under it."""
     b = load_all()[bench] if isinstance(bench, str) else bench
     quick = quick_mode() if quick is None else quick
     fields = {"rounds": rounds, "warmup": timing.get("warmup"), "min_calls": timing.get("min_runs"),
@@ -168,4 +170,5 @@ def describe(bench: str | Benchmark, quick: bool | None = None, *, params: dict 
         hfile, hline, _ = _where(f)
         lines.append(f"  {f.__name__}, which the calls above go through ({hfile}:{hline}):")
         lines += [f"    {text}" for text in _body(f)]  # whole lines: a clipped call would hide its arguments
-    return "\n".join(lines)
+    return Folded(f"how {b.name} is run, checked and timed (providers, sizes, the protocol, the code each call runs)",
+                  "\n".join(lines))

@@ -28,8 +28,9 @@ from typing import Any, Callable
 import torch
 
 from ..quick import quick_mode
+from ..fold import Folded
 
-__all__ = ["Protocol", "DEFAULT", "QUICK", "NOISE_LIMIT", "protocol", "time_fn"]
+__all__ = ["Protocol", "DEFAULT", "QUICK", "NOISE_LIMIT", "protocol", "protocol_note", "time_fn"]
 
 NOISE_LIMIT = 0.5  # noise above this is a failed measurement, not a verdict
 
@@ -73,6 +74,14 @@ QUICK = Protocol(rounds=1, warmup=1, min_calls=3, max_calls=5, min_trial_s=0.0, 
 def protocol(quick: bool | None = None) -> Protocol:
     """The protocol in force: :data:`QUICK` under BTLIB_QUICK=1 (or quick=True), else :data:`DEFAULT`."""
     return QUICK if (quick_mode() if quick is None else quick) else DEFAULT
+
+
+def protocol_note(quick: bool | None = None) -> Folded:
+    """The protocol in force as one folded line for a notebook's setup: "every benchmark below: 2 interleaved rounds
+    per point, after warm-up (the whole protocol folded)"; printed, the whole sentence."""
+    p = protocol(quick)
+    return Folded(f"every benchmark below: {p.rounds} interleaved round{'s' * (p.rounds != 1)} per point, after warm-up, "
+                  "checked against its reference first (the whole protocol folded)", f"every benchmark below: {p}")
 
 
 def _sync(device: str) -> None:
