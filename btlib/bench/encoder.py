@@ -15,6 +15,9 @@ Providers (one encoder, shared weights, eval mode under torch.inference_mode):
   ``ideal_packed``: the same batch through btlib.PackedEncoder: btlib's own ideal. A path's share of
   the ideal is taken against its own engine's (:func:`ideal_row`): btlib's kernels and GEMM path can
   beat PyTorch's fastpath on the same tokens, so the fastpath's ideal is no bound for btlib.
+- ``btlib_padded`` (unchecked): btlib.PackedEncoder on the padded batch with every position taken as a token, the
+  padding computed as a padded engine computes it: btlib_packed against it is the padding factor alone, and it
+  against ``fastpath`` the engine factor alone (:func:`speedup_parts`).
 
 Checked at real tokens only, against ``slow``: padded rows differ by design (the nested path
 writes 0 there). Tolerance 1e-4 relative: 12 post-LN layers of fp32 GEMMs that sum in a
@@ -69,7 +72,27 @@ def encoder_providers() -> list[Provider]:
         Provider("ideal", lambda x: _fast(x["dense"], x["ideal_src"]), label="fastpath on real tokens only", checked=False),
         Provider("ideal_packed", lambda x: _fast(cached_packed(x["config"]), x["ideal_src"]),
                  label="btlib.PackedEncoder on real tokens only", checked=False),
+        Provider("btlib_padded", lambda x: _fast(cached_packed(x["config"]), x["src"], x["full"]),
+                 label="btlib.PackedEncoder on the padded batch, padding computed", checked=False),
     ]
+
+
+def speedup_parts(rows: list[dict], x, flop_ratio: float) -> list[str]:
+    """``btlib_packed`` against PyTorch's padded ``fastpath`` at ``x``, said as what it is made of: the engine (btlib
+    against PyTorch on the same padded batch: ``btlib_padded`` vs ``fastpath``; and on the real tokens alone:
+    ``ideal_packed`` vs ``ideal``) times the padding skipped (``btlib_packed`` vs ``btlib_padded``, one engine, beside
+    the FLOP ratio ``flop_ratio``). The first two factors multiply to the total exactly (times divide)."""
+    from .verdict import compare, find_row
+
+    row = {name: find_row(rows, name, x) for name in ("fastpath", "btlib_packed", "btlib_padded", "ideal", "ideal_packed")}
+    total = compare(row["btlib_packed"], row["fastpath"])
+    engine, padding = compare(row["btlib_padded"], row["fastpath"]), compare(row["btlib_packed"], row["btlib_padded"])
+    return [f"btlib_packed against the fastpath: {total}, made of",
+            f"  engine: btlib against PyTorch on the same padded batch {engine}; on the real tokens alone "
+            f"{compare(row['ideal_packed'], row['ideal'])}",
+            f"  padding: btlib packed against btlib on the padded batch {padding} (FLOP ratio {flop_ratio:.2f}x)",
+            f"  check: {engine.ratio:.2f} x {padding.ratio:.2f} = {engine.ratio * padding.ratio:.2f} (the total's "
+            f"{total.ratio:.2f})"]
 
 
 def ideal_row(rows: list[dict], provider: str, x) -> dict:
@@ -89,7 +112,8 @@ def encoder_inputs(p: dict) -> dict:
     src = torch.randn(B, T, cfg.d_model, generator=g)
     ideal_T = max(1, round(int(lengths.sum()) / B))
     return {"config": cfg, "encoder": enc, "dense": dense, "src": src, "mask": lengths_to_padding_mask(lengths, T),
-            "lengths": lengths, "ideal_src": torch.randn(B, ideal_T, cfg.d_model, generator=g)}
+            "lengths": lengths, "ideal_src": torch.randn(B, ideal_T, cfg.d_model, generator=g),
+            "full": torch.full_like(lengths, T)}  # btlib_padded: every position a token, as a padded engine computes
 
 
 def real_token_error(out: torch.Tensor, ref: torch.Tensor, x: dict) -> float:
