@@ -136,16 +136,18 @@ def ex_02_2(original: tuple, broken: tuple, run: Callable) -> Verdict:
 
 
 def ex_03_1(my_T: int, my_prediction, measure: Callable) -> Verdict:
-    """my_prediction against bench.compare(is_causal, bool mask) at my_T: measure(my_T) -> Comparison."""
+    """my_prediction against bench.compare(is_causal, float mask) at my_T: measure(my_T) -> Comparison. Against the
+    float mask, not the bool one: a bool mask is converted to an additive one inside SDPA, a cost that has nothing to
+    do with skipping blocks."""
     def outcome():
         c = measure(my_T)
-        return c.verdict, f"T={my_T}: is_causal against the bool mask: {c}"
+        return c.verdict, f"T={my_T}: is_causal against the float mask: {c}"
     return choice("03-1", my_prediction, "my_prediction", SPEED_CHOICES, outcome, {
         "faster": "does is_causal skip a whole key block at this T? The CPU flash kernel skips whole blocks only, "
                   "and the measurement must clear the noise",
         "slower": "a causal row reads no more keys than a masked one: what could make skipping blocks cost time?",
-        "no clear difference": "count the whole key blocks above the diagonal at this T, and what the bool mask "
-                               "costs to build and read"})
+        "no clear difference": "count the whole key blocks above the diagonal at this T: below one block there is "
+                               "nothing to skip, and a difference under 5% is not named"})
 
 
 STARTER_03_2 = '''
