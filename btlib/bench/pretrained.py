@@ -164,6 +164,23 @@ def _path(name: str):
     return lambda x: _model().encode(x["texts"], batch_size=x["batch_size"], path=name)
 
 
+def _packed_padded(x: dict):
+    """btlib's packed encoder on the padded batches: each text's ids extended with the pad id to its batch's longest
+    and every position run as a token (its rows differ: a timing yardstick, unchecked). Against ``fastpath`` it is the
+    engine alone (the same padded tokens); ``packed`` against it, the padding alone (one engine)."""
+    from ..pretrained.tokens import Tokens
+
+    m, bs = _model(), x["batch_size"]
+    tok, rows = m.tokens(x["texts"]), []
+    for i in range(0, len(tok), bs):
+        part = tok[i:i + bs]
+        n = max(part.lengths())
+        ids = [s + [m.spec.pad_token_id] * (n - len(s)) for s in part.ids]  # (B, n): the padded batch's tokens
+        types = None if part.types is None else [t + [0] * (n - len(t)) for t in part.types]
+        rows.append(m.encode_tokens(Tokens(ids, types, part.prompt_length), batch_size=bs))
+    return torch.cat(rows)
+
+
 def _ort(variant: str, sort: bool):
     def fn(x):
         m = _model()
@@ -253,6 +270,8 @@ def _providers() -> list[Provider]:
                  label="ONNX Runtime dynamic int8, longest first"),
         *[Provider(n, _path(n), available=_available) for n in ("slow", "fastpath", "fastpath_nested", "packed")],
         Provider("packed_bf16", _path("packed_bf16"), available=lambda: _available() or bf16_slow_reason(), tol=low, precision="bf16"),
+        Provider("packed_padded", _packed_padded, available=_available, checked=False,
+                 label="btlib's packed encoder on the padded batches (every position a token): engine vs padding"),
         Provider("packed_int8", lambda x: _model().encode(x["texts"], batch_size=x["batch_size"], precision="int8"),
                  available=_int8_available, tol=low, precision="int8", label="btlib encode(precision='int8')"),
         *peer_providers(low),

@@ -59,10 +59,11 @@ def ex_07_1(MY_PREDICTION, measure: Callable) -> Verdict:
     size the notebook's benchmark does not run, so its tables cannot give the answer away."""
     return speedup("07-1", MY_PREDICTION, "MY_PREDICTION", measure, rel=0.15,
                    what="btlib's packed path against the padded fastpath at batch 64",
-                   above="tokenization, embeddings and pooling cost the same on both paths and dilute the "
-                         "encoder's gain (Amdahl's law)",
-                   below="the padded fastpath pays for padding in every linear layer and quadratically in attention: "
-                         "start from the FLOP prediction")
+                   above="the speedup is engine x padding: tokenization, embeddings and pooling cost the same on "
+                         "both paths and dilute both factors (Amdahl's law)",
+                   below="the speedup is engine x padding: the padding factor at batch 64 follows its token ratio "
+                         "(the prediction table), and the engine factor (packed_padded against the fastpath) was "
+                         "measured at the other batch sizes")
 
 
 STARTER_07_2 = '''
