@@ -10,7 +10,7 @@ from btlib.serve.admission import refusal
 from btlib.serve.extras import missing
 from model_folder import needs_model
 
-TESTED_HERE = ["btlib.serve.admission"]
+TESTED_HERE = ["btlib.serve.admission", "btlib.serve.service"]
 
 RATE = 100.0  # tokens per second, stubbed: max_wait_s=1 admits 100 queued tokens
 
@@ -138,3 +138,43 @@ def test_cli_refuses_a_bad_max_wait_s_by_name(capsys):
 
     assert main(["--max-wait-s", "0", "--port", "0"]) == 2
     assert "max_wait_s must be a finite number > 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(missing("fastapi", "serve") is not None, reason=str(missing("fastapi", "serve")))
+def test_big_requests_are_tokenized_one_at_a_time_on_one_thread():
+    """Campaign 3 (issue 49): big bodies were tokenized on the default executor's threads at once, each holding ~160x
+    its bytes (tokenizers' encoding) and glibc keeping every thread's freed memory: four 1.7 MB bodies took MiniLM's
+    server from 573 to 1,566 MiB and left it at 1,413. Four bodies past the off-loop size, sent at once: never two
+    tokenizing at a time, all on one thread."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    httpx = pytest.importorskip("httpx")
+    from btlib.serve.app import create_app, start_server
+    from serve_helpers import tiny_modernbert
+
+    b = BatchEncoder(tiny_modernbert(16), max_wait_ms=1)
+    lock, running, seen = threading.Lock(), [0], []
+    real = b.tokenize
+
+    def tokenize(texts, **kw):
+        with lock:
+            running[0] += 1
+            seen.append((running[0], threading.current_thread().name))
+        time.sleep(0.1)  # long enough that requests sent at once would overlap on several threads
+        with lock:
+            running[0] -= 1
+        return real(texts, **kw)
+
+    b.tokenize = tokenize
+    server = start_server(create_app(b, auto_truncate=True))
+    text = " ".join(f"w{i % 20}" for i in range(2000))  # 7.8 KB: past OFF_LOOP_BYTES // 4 characters
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: httpx.post(server.url + "/embed", json={"inputs": text}, timeout=60),
+                                    range(4)))
+        assert [r.status_code for r in answers] == [200] * 4
+        assert len(seen) == 4 and max(n for n, _ in seen) == 1, seen
+        assert {name for _, name in seen} == {"btlib-tokenize_0"}, seen
+    finally:
+        server.stop()

@@ -124,6 +124,7 @@ def create_app(batcher: BatchEncoder, *, model_name: str = "all-MiniLM-L6-v2", a
         yield
         # uvicorn has answered every request in flight by now; what is still queued is answered too
         await asyncio.get_running_loop().run_in_executor(None, batcher.close)
+        svc.tokenizing.shutdown(wait=False)  # idle by now: every request was answered
 
     app = FastAPI(title="btlib.serve", lifespan=lifespan)
 

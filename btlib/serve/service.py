@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +74,12 @@ class Service:
         self.unit = self.normalizes and not getattr(head, "truncate_dim", None)  # rows of length 1 as they come
         self.outputs = getattr(model, "OUTPUTS", ()) if getattr(batcher, "_runs_tokens", False) else ()
         self.sparse = "splade" in self.outputs  # a SPLADE model (btlib.pretrained.sparse): its rows are (vocab,) weights
+        # Big requests are tokenized on one thread, one at a time. tokenizers' encoding of a text holds ~160x its bytes
+        # while it runs (a 1.9 MB body: +300 MiB), and glibc keeps each thread's freed memory in that thread's arena
+        # (python -m btlib.serve keeps freed memory: btlib.memory), so four 1.7 MB bodies at once on the default
+        # executor's threads took MiniLM's server from 573 to 1,566 MiB and left it at 1,413 for good; on one thread,
+        # 833 and 776 (AMD EPYC Zen 3, 2 cores). One thread keeps ahead of the forwards: ~1 MB of text a second.
+        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="btlib-tokenize")
 
     @functools.cached_property
     def vocab(self) -> int:
@@ -208,7 +214,7 @@ class Service:
             n = sum(len(r) for r in inputs)
             check = functools.partial(self.token_ids, inputs, truncate, field)
             big = n > OFF_LOOP_BYTES // 4  # a 2 MB body of ids: tens of ms of checking, off the event loop
-            tokens = await asyncio.get_running_loop().run_in_executor(None, check) if big else check()
+            tokens = await self.off_loop(check) if big else check()
             return await self._submit(functools.partial(self.batcher.submit_tokens, tokens, output=output), field,
                                       n, big, len(inputs))
         return await self.run(inputs, truncate, field, prompt_name=prompt_name, output=output, chunk_overlap=chunk_overlap)
@@ -232,12 +238,16 @@ class Service:
                                    chunk_overlap=chunk_overlap)
         return await self._submit(submit, field, chars, chars > OFF_LOOP_BYTES // 4, len(items))
 
+    async def off_loop(self, work):
+        """``work()`` on the tokenizing thread (one request's tokenizing at a time, ``__init__``), awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, work)
+
     async def _submit(self, submit, field: str, chars: int, big: bool, n: int) -> Ran:
         """``submit()`` (off the event loop when ``big``) of ``n`` inputs, its refusals as HTTP errors. The batcher's
         admit runs first, on the loop: a request the queue ahead already refuses gets its 429 before any tokenizing."""
         try:
             self.batcher.admit(n)
-            future = await asyncio.get_running_loop().run_in_executor(None, submit) if big else submit()
+            future = await self.off_loop(submit) if big else submit()
         except Overloaded as e:
             raise HTTPError(429, str(e), "overloaded", {"Retry-After": str(e.retry_after_s)}) from None
         except InputTooLong as e:

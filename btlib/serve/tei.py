@@ -29,7 +29,6 @@ as sentence-transformers' ``output_value="token_embeddings"``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 
@@ -124,9 +123,10 @@ def tei_routes(svc: Service, out: Answers) -> dict:
                                  "split the request", "Validation")
 
     async def off_loop(work):
-        """/tokenize's and /decode's work on a worker thread, small or big: tokenizers' encode and decode hold the GIL
-        (a 1.9 MB text: 4 s of encode, every connection waiting), their _batch forms release it."""
-        return await asyncio.get_running_loop().run_in_executor(None, work)
+        """/tokenize's and /decode's work on the tokenizing thread, small or big: tokenizers' encode and decode hold
+        the GIL (a 1.9 MB text: 4 s of encode, every connection waiting), their _batch forms release it; one at a time
+        (Service.tokenizing: a 1.9 MB text's encoding holds ~300 MiB while it runs)."""
+        return await svc.off_loop(work)
 
     async def tokenize(request: Request) -> Response:
         """TEI's /tokenize. Its answer (~60 bytes per token) is bounded by the answer limit: a 413 beyond."""
