@@ -1,24 +1,20 @@
 """Differential fuzzer of ``python -m btlib.serve``'s request bodies against sentence-transformers and the stated rules.
 
-Five tiny folders (random weights, hidden 32, the cased word-level tokenizer of tests/st_folders.py, so "w3" is one
-token and a text costs its words plus [CLS] and [SEP]), one server each, started once and reused by every case:
-
-    prompted          mean, Normalize, max_seq_length 12, prompts query "w1 w2 " (default) and passage "W3 "
-    no_prompt_pool    include_prompt false, no Normalize, max_seq_length 12, the same prompts; --auto-truncate
-    dense             Dense 32 -> 8 (tanh), no Normalize, max_seq_length 10, a named prompt and no default
-    truncate_dim      CLS pooling, Normalize, truncate_dim 16 in config_sentence_transformers.json, max_seq_length 16
-    reranker          BertForSequenceClassification, one label, 24 tokens per (query, text) pair; --auto-truncate
-
-Each case draws a request: a route (mostly the one the folder's kind serves), a body of valid and invalid field
+Seven tiny folders, one in-process server each (tests/fuzz_serve_targets.py: prompted, no_prompt_pool, dense,
+truncate_dim, reranker, a chunking server with a cap on a request's tokens, a SPLADE model), started once and reused
+by every case. Each case draws a request: a route (mostly those the folder's kind serves: /embed, /v1/embeddings and
+/embed_all; /embed_sparse and /embed; /rerank), a body of valid and invalid field
 values (strings, lists, [], numbers where strings belong, nested lists, token-id lists (valid, empty, past the
 length limit, outside the vocabulary), null, booleans as strings,
 unknown fields, prompt_name real and unknown, dimensions in and out of range, normalize, truncate, truncation_direction,
+long_inputs and chunk_overlap (in and out of the window, on servers that chunk and servers that do not),
 encoding_format, raw_scores, return_text, lone-surrogate escapes, unicode, "", texts one below / at / one above the
-token limit with their prompt, more inputs than max_inputs), sometimes a malformed body (not JSON, an array, no or
-another Content-Type, non-UTF-8 bytes, UTF-16, a BOM) or a bad Host. One case in ten is a burst of 2-6 requests to
-one server sent at once, so that requests with different prompts, dimensions and truncation share a batch.
-tests/serve_oracle.py says what the answer must
-be, from sentence-transformers and the rules alone, and what counts as a finding.
+token limit with their prompt, texts of several chunks, more inputs than max_inputs), sometimes a malformed body (not
+JSON, an array, no or another Content-Type, non-UTF-8 bytes, UTF-16, a BOM) or a bad Host; one case in a hundred
+bodies of ~1.9 MB (one text of 520,000 words; sometimes two or three at once). One case in ten is a burst of 2-6 requests to one server sent at once
+(half of them to the chunking server), so that requests with different prompts, dimensions, truncation and chunks
+share a batch. tests/serve_oracle.py says what the answer must be, from sentence-transformers and the rules alone,
+and what counts as a finding; tests/serve_budget.py what it may cost in time and memory, and how big a forward may be.
 
     python tests/fuzz_serve.py --cases 1000 [--seed S] [--case N]
 """
@@ -28,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import random
 import sys
 import tempfile
@@ -36,79 +31,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import torch
-
+from fuzz_serve_targets import campaign
+from serve_budget import BIG_BYTES, Watch
+import st_rows
 from serve_oracle import ROUTES, Case, Target, expect, judge, surrogate
 
-PROMPTS = {"query": "w1 w2 ", "passage": "W3 "}  # 2 and 1 tokens
+__all__ = ["campaign", "run", "draw_cases"]
+
 WORDS = [f"w{i}" for i in range(30)] + [f"W{i}" for i in range(30)]
 ODD = ["Zürich", "東京", "😀", "e\u0301", "a\u00a0b", "\x00", "\t", "[SEP]", "[PAD]", "<pad>", "w1\u2028w2", '"', "\\",
        "\ufeff", "\U0001f469\u200d\U0001f4bb"]
+OWN = {"embedding": ["embed", "openai", "embed_all"], "sparse": ["embed_sparse", "embed"], "reranker": ["rerank"]}
 
-
-
-# -- the folders and their servers -----------------------------------------------------------------------------------
-def _write_folders(work: Path) -> dict[str, tuple[Path, dict]]:
-    """name -> (folder, create_app options)."""
-    import transformers as tf
-    from st_folders import write_hf, write_st
-
-    base = write_hf(work / "hf", "bert")
-    out = {
-        "prompted": (write_st(work / "prompted", base, normalize=True, max_seq_length=12, prompts=PROMPTS,
-                              default_prompt_name="query"), {}),
-        "no_prompt_pool": (write_st(work / "no_prompt_pool", base, include_prompt=False, max_seq_length=12,
-                                    prompts=PROMPTS, default_prompt_name="query"), {"auto_truncate": True}),
-        "dense": (write_st(work / "dense", base, dense=[(8, True, torch.nn.Tanh())], max_seq_length=10,
-                           prompts={"passage": "W5 W6 W7 "}), {}),
-        "truncate_dim": (write_st(work / "truncate_dim", base, pooling="cls", normalize=True, max_seq_length=16), {}),
-    }
-    cfg = out["truncate_dim"][0] / "config_sentence_transformers.json"
-    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "truncate_dim": 16}))
-    # tokenizer.json is the tokenizer: a tokenizer_class (BertTokenizer) would have transformers 5 rebuild BERT's
-    # pre-tokenizer, which splits "<pad>" or "東京" where tokenizer.json's WhitespaceSplit does not (btlib and TEI
-    # read tokenizer.json); model_input_names hands the pair's token types to the model
-    ce = write_hf(work / "reranker", "bert", model_cls=tf.BertForSequenceClassification, num_labels=1)
-    tc = ce / "tokenizer_config.json"
-    tc.write_text(json.dumps({**json.loads(tc.read_text()), "model_max_length": 24,
-                              "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}))
-    out["reranker"] = (ce, {"auto_truncate": True})
-    return out
-
-
-@contextlib.contextmanager
-def campaign(work: Path, max_inputs: int = 6):
-    """Write the folders under ``work``, start one server per folder; yields the :class:`Target` list."""
-    from sentence_transformers import CrossEncoder, SentenceTransformer
-
-    from btlib import load_pretrained, load_reranker
-    from btlib.serve import BatchEncoder
-    from btlib.serve.app import create_app, start_server
-    from btlib.serve.rerank import PairScorer
-
-    logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
-    targets, servers = [], []
-    try:
-        for name, (folder, options) in _write_folders(work).items():
-            if name == "reranker":
-                ref = CrossEncoder(str(folder), device="cpu")
-                model = PairScorer(load_reranker(folder))
-                t = Target(name, "reranker", ref, "", max_inputs, options.get("auto_truncate", False),
-                           ref.tokenizer.model_max_length)
-            else:
-                ref = SentenceTransformer(str(folder), device="cpu")
-                model = load_pretrained(folder)
-                t = Target(name, "embedding", ref, "", max_inputs, options.get("auto_truncate", False), ref.max_seq_length,
-                           ref.get_embedding_dimension(), any(type(m).__name__ == "Normalize" for m in ref),
-                           dict(ref.prompts), ref.default_prompt_name)
-            running = start_server(create_app(BatchEncoder(model, max_wait_ms=1), max_inputs=max_inputs, **options))
-            servers.append(running)
-            t.url = running.url
-            targets.append(t)
-        yield targets
-    finally:
-        for running in servers:
-            running.stop()
 
 # -- drawing a request -----------------------------------------------------------------------------------------------
 class Draw:
@@ -126,6 +60,9 @@ class Draw:
     def text(self, prompt_name=None, pair_query: str | None = None) -> str:
         """Words, odd characters, "", a lone surrogate, or one at / one below / one above the length limit."""
         rng, t = self.rng, self.t
+        if pair_query is None and rng.random() < (0.3 if t.long_inputs == "chunk" else 0.03):  # several chunks' worth
+            n = rng.randint(t.max_len, rng.choice([3, 3, 3, 8]) * t.max_len)
+            return " ".join(rng.choice(WORDS) for _ in range(n))
         r = rng.random()
         if r < 0.08:
             return ""
@@ -161,16 +98,18 @@ class Draw:
                     body[name] = pick([True, False], ["true", None, 1])
         else:
             name = pick([*t.prompts, None], ["search", "", 5]) if maybe(0.4) else None
-            key = "inputs" if route == "embed" else "input"
+            key = "input" if route == "openai" else "inputs"
             body = {key: self.texts(name) if maybe(0.6) else self.text(name) if not maybe(self.p / 5) else self.wrong()}
             if name is not None or maybe(0.05):
                 body["prompt_name"] = name
-            if maybe(0.3):
+            if route in ("embed", "openai") and maybe(0.3):
                 w = t.width or 32
                 body["dimensions"] = pick([1, self.rng.randint(1, w), w, None],
                                           [0, -1, w + 1, 10**20, str(min(8, w)), float(min(8, w)), True])
-            if route == "embed" and maybe(0.35):
-                body["normalize"] = pick([True, False], ["false", None, 0])
+            if route == "embed" and maybe(0.85 if t.kind == "sparse" else 0.35):  # SPLADE's /embed: normalize=false
+                body["normalize"] = pick([False, False, True] if t.kind == "sparse" else [True, False], ["false", None, 0])
+            if route in ("embed", "openai"):
+                self.long_fields(body, name)
             if route == "openai":
                 if maybe(0.4):
                     body["encoding_format"] = pick(["float", "base64"], ["int8", "FLOAT", None])
@@ -184,22 +123,47 @@ class Draw:
             if maybe(0.15):
                 body["truncation_direction"] = pick(["right", "Right"], ["left", "Left", "LEFT", "up", None])
         if maybe(self.p / 5):  # a field of another route, or of no route
-            body[self.rng.choice(["foo", "inputs" if route == "openai" else "input", "top_n", "prompt", "normalize"])] = 1
+            body[self.rng.choice(["foo", "inputs" if route == "openai" else "input", "top_n", "prompt", "normalize",
+                                  "dimensions", "long_inputs", "chunk_overlap"])] = 1
         if maybe(self.p / 10):
             body.pop(self.rng.choice(list(body)))
         return body
 
 
+    def long_fields(self, body: dict, name) -> None:
+        """long_inputs and chunk_overlap, in and out of range (the window of the request's prompt)."""
+        pick, t = self.pick, self.t
+        if self.maybe(0.4 if t.long_inputs == "chunk" else 0.1):
+            body["long_inputs"] = pick(["refuse", "truncate", "chunk", "chunk", None], ["Chunk", "split", 1, True])
+        if self.maybe(0.3 if t.long_inputs == "chunk" else 0.05):
+            w = st_rows.window(t, name if name in t.prompts else None)
+            body["chunk_overlap"] = pick([0, 1, w // 8, w - 1, None], [-1, w, w + 3, 10**6, "1", 1.5, True])
+
+
 def _at_a_quote(rng: random.Random, body: bytes, insert: bytes) -> bytes:
     """``body`` with ``insert`` after one of its double quotes (inside a key or a string, or after one)."""
-    quotes = [i for i, c in enumerate(body) if c == ord('"')]
+    quotes = [i for i, c in enumerate(body) if c == ord('"')] or [0]  # b"{}": after its brace
     i = rng.choice(quotes) + 1
     return body[:i] + insert + body[i:]
 
 
+def draw_big(rng: random.Random, targets: list[Target]) -> Case:
+    """A body of ~1.9 MB: one text of 520,000 words (a 413 by its tokens, or cut, or past max_request_tokens)."""
+    t = rng.choice([t for t in targets if t.kind != "reranker"])
+    route = rng.choice(OWN[t.kind])
+    data = {"input" if route == "openai" else "inputs": " ".join(rng.choice(WORDS) for _ in range(520_000))}
+    if route != "openai" and rng.random() < 0.6:
+        data["truncate"] = rng.random() < 0.7
+    if route in ("embed", "openai") and t.kind == "embedding" and rng.random() < 0.5:
+        data["long_inputs"] = rng.choice(["chunk", "truncate"])
+    if route == "embed" and t.kind == "sparse":
+        data["normalize"] = False
+    return Case(t, "POST", ROUTES[route], json.dumps(data).encode(), {"content-type": "application/json"}, data)
+
+
 def draw(rng: random.Random, targets: list[Target]) -> Case:
-    t = rng.choice(targets)
-    own = ["rerank"] if t.kind == "reranker" else ["embed", "openai"]
+    t = rng.choices(targets, [3 if t.long_inputs == "chunk" else 1 for t in targets])[0]  # the chunk path: a third
+    own = OWN[t.kind]
     route = rng.choice(own) if rng.random() < 0.9 else rng.choice([r for r in ROUTES if r not in own])
     data = Draw(rng, t, 0.0 if rng.random() < 0.4 else 0.3).body(route)
     surrogates = "\\ud" in json.dumps(data).lower()
@@ -242,47 +206,99 @@ def draw(rng: random.Random, targets: list[Target]) -> Case:
 
 # -- running the cases -----------------------------------------------------------------------------------------------
 def draw_cases(rng: random.Random, targets: list[Target]) -> list[Case]:
-    """One request, or (one case in ten) a burst of 2-6 to one server, sent at once so that they share batches."""
-    if rng.random() < 0.1:
-        t = rng.choice(targets)
+    """One request; one case in a hundred ~1.9 MB bodies (one, or two or three at once); one in ten a burst of 2-6 to
+    one server (half of them to the chunking server) sent at once, so that they share batches."""
+    r = rng.random()
+    if r < 0.01:  # one in three of them two or three at once, to one server
+        t = draw_big(rng, targets).target
+        return [draw_big(rng, [t]) for _ in range(rng.choice([1, 1, 2, 3]))]
+    if r < 0.11:
+        chunking = [t for t in targets if t.long_inputs == "chunk"]
+        t = rng.choice(chunking if chunking and rng.random() < 0.5 else targets)
         return [draw(random.Random(rng.random()), [t]) for _ in range(rng.randint(2, 6))]
     return [draw(rng, targets)]
 
 
+def _send(client, case: Case) -> tuple[int | None, bytes | str, float]:
+    """(status or None, the body or why there is none, seconds)."""
+    import httpx
+
+    t0 = time.perf_counter()
+    try:
+        r = client.request(case.method, case.target.url + case.path, headers=case.headers,
+                           content=case.body if case.method == "POST" else None)
+        return r.status_code, r.content, time.perf_counter() - t0
+    except httpx.HTTPError as e:
+        return None, f"no answer: {type(e).__name__}: {e}", time.perf_counter() - t0
+
+
+def _kind(case: Case, burst: int) -> str:
+    if len(case.body) > BIG_BYTES:
+        return "big body"
+    if burst > 1:
+        return "burst"
+    return "malformed body" if case.malformed else "another Host" if "host" in case.headers else "single"
+
+
 def run(targets: list[Target], cases: int, seed: int = 0, only: int | None = None,
-        seen: Counter | None = None) -> tuple[int, list[str]]:
-    """(cases run, findings); ``seen`` counts the requests by route and status."""
+        seen: Counter | None = None, watch: list | None = None, repeats: int = 100) -> tuple[int, list[str]]:
+    """(cases run, findings); ``seen`` counts the requests by route, server and kind, and status; ``watch`` (a list)
+    receives the :class:`serve_budget.Watch` that checked time and memory (its summary holds the largest values seen);
+    repeats: the same request to each server at the end, for the leak check."""
     import httpx
     from concurrent.futures import ThreadPoolExecutor
 
     findings, seen = [], seen if seen is not None else Counter()
     ids = [only] if only is not None else range(cases)
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(httpx.Client(timeout=60, limits=httpx.Limits(max_connections=8)))
+        client = stack.enter_context(httpx.Client(timeout=60, limits=httpx.Limits(max_connections=12)))
         pool = stack.enter_context(ThreadPoolExecutor(6))
-
-        def send(case: Case):
-            try:
-                r = client.request(case.method, case.target.url + case.path, headers=case.headers,
-                                   content=case.body if case.method == "POST" else None)
-                return r.status_code, r.content
-            except httpx.HTTPError as e:
-                return None, f"no answer: {type(e).__name__}: {e}"
-
+        w = Watch(client, targets)
+        if watch is not None:
+            watch.append(w)
         for i in ids:
             burst = draw_cases(random.Random(f"{seed}-{i}"), targets)
-            answers = list(pool.map(send, burst)) if len(burst) > 1 else [send(burst[0])]
-            for case, (status, content) in zip(burst, answers):  # judged here: the oracle's tokenizers on one thread
-                seen[case.path, "no answer" if status is None else str(status)] += 1
+            name = f"case {i} (--seed {seed} --case {i}){' burst' if len(burst) > 1 else ''}"
+            exps = []
+            for case in burst:  # before sending: the oracle's tokenizers stay off the servers' time
                 try:
-                    why = content if status is None else judge(case, expect(case), status, content)
+                    exps.append(expect(case))
                 except Exception as e:  # the oracle's own crash: a finding to look at, with its case to rerun
+                    exps.append(e)
+            tokens = sum(e.tokens for e in exps if not isinstance(e, Exception))
+            nbytes = sum(len(c.body) for c in burst)
+            w.begin()
+            sends = [pool.submit(_send, client, c) for c in burst]
+            if nbytes > BIG_BYTES or tokens > 4 * burst[0].target.budget:  # /health answers while it runs
+                for _ in range(40):
+                    if all(f.done() for f in sends):
+                        break
+                    _, why = w.health(burst[0].target)
+                    if why:
+                        findings.append(f"{name} [{burst[0].target.name}]: {why}")
+                    time.sleep(0.02)
+            answers = [f.result() for f in sends]
+            findings += [f"{name}: {why}" for why in w.after([c.target for c in burst])]
+            for case, exp, (status, content, elapsed) in zip(burst, exps, answers):
+                outcome = "no answer" if status is None else str(status)
+                seen["route", case.path, outcome] += 1
+                seen["server", case.target.name, outcome] += 1
+                seen["kind", _kind(case, len(burst)), outcome] += 1
+                if status == 200 and not isinstance(exp, Exception) and exp.chunked:
+                    seen["kind", "200 with texts of several chunks (texts)", case.path] += exp.chunked
+                try:
+                    if isinstance(exp, Exception):
+                        raise exp
+                    why = content if status is None else judge(case, exp, status, content)
+                except Exception as e:
                     why = f"oracle raised {type(e).__name__}: {e}"
+                why = why or w.timed(case.target, tokens, nbytes, elapsed, f"{name} {case.path}")
                 if why:
-                    findings.append(f"case {i} (--seed {seed} --case {i}){' burst' if len(burst) > 1 else ''} "
-                                    f"[{case.target.name}] {case.method} {case.path} {case.malformed or ''}"
+                    findings.append(f"{name} [{case.target.name}] {case.method} {case.path} {case.malformed or ''}"
                                     f"{' host ' + case.headers['host'] if 'host' in case.headers else ''}: {why}\n"
                                     f"    body {case.body[:300]!r}")
+        if only is None:
+            findings += w.leaks(repeats)
     return len(ids), findings
 
 
@@ -294,14 +310,20 @@ def main() -> int:
     args = p.parse_args()
     t0 = time.perf_counter()
     seen: Counter = Counter()
+    watch: list = []
     with tempfile.TemporaryDirectory(prefix="fuzz_serve-") as tmp, campaign(Path(tmp)) as targets:
         t1 = time.perf_counter()
-        n, findings = run(targets, args.cases, args.seed, args.case, seen)
-    print(f"{n} cases, {sum(seen.values())} requests (seed {args.seed}) in {time.perf_counter() - t1:.0f} s "
-          f"(+{t1 - t0:.0f} s to write the folders and start 5 servers): {len(findings)} findings")
-    for route in dict.fromkeys(path for path, _ in sorted(seen)):
-        outcomes = [f"{outcome} {count}" for (path, outcome), count in sorted(seen.items()) if path == route]
-        print(f"  {route}: " + ", ".join(outcomes))
+        n, findings = run(targets, args.cases, args.seed, args.case, seen, watch, repeats=400)
+    requests = sum(v for (g, *_), v in seen.items() if g == "route")
+    print(f"{n} cases, {requests} requests (seed {args.seed}) in {time.perf_counter() - t1:.0f} s "
+          f"(+{t1 - t0:.0f} s to write the folders and start {len(targets)} servers): {len(findings)} findings")
+    for group in ("route", "server", "kind"):
+        print(f"by {group}:")
+        for key in dict.fromkeys(k for g, k, _ in sorted(seen) if g == group):
+            outcomes = [f"{outcome} {count}" for (g, k, outcome), count in sorted(seen.items()) if (g, k) == (group, key)]
+            print(f"  {key}: " + ", ".join(outcomes))
+    for line in watch[0].summary() if watch else ():
+        print(line)
     for f in findings:
         print(" ", f)
     return 1 if findings else 0

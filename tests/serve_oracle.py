@@ -16,6 +16,9 @@ the rules:
     the server's --auto-truncate) is true. normalize=false on a Normalize folder: the folder's vector with its
     Normalize modules skipped (what TEI computes; TEI pools and normalises in its router).
 
+The embedding routes' rules (the long-input mode, chunks, max_request_tokens, /embed_all's token states, a SPLADE
+model's /embed_sparse) are tests/serve_oracle_embed.py's; tests/st_rows.py builds a chunked text's row by hand.
+
 A request breaking several rules may be refused by any rule of its first layer (Host; body; fields; the rest),
 since the rules give no order within a layer. An error body must be in its route's shape (/v1: OpenAI's
 {"error": {"message", "type", "param", "code"}}, else TEI's {"error", "error_type"}). A finding is a 5xx, no answer, a 200
@@ -41,7 +44,6 @@ Where the rules are silent, what sentence-transformers / TEI do (decided here):
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, field
 from typing import Callable
@@ -49,7 +51,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-ROUTES = {"embed": "/embed", "openai": "/v1/embeddings", "rerank": "/rerank"}
+ROUTES = {"embed": "/embed", "openai": "/v1/embeddings", "rerank": "/rerank", "embed_all": "/embed_all",
+          "embed_sparse": "/embed_sparse"}
+SERVES = {"embed": ("embedding", "sparse"), "openai": ("embedding",), "embed_all": ("embedding",),
+          "embed_sparse": ("sparse",), "rerank": ("reranker",)}  # route -> the model kinds that answer it (else 424)
 TOL = 1e-5  # fp32 against fp32: btlib's packed forward against transformers' padded one (tiny models: ~1e-7)
 
 
@@ -58,7 +63,7 @@ class Target:
     """One folder: its server, its oracle model (SentenceTransformer or CrossEncoder) and what the rules need."""
 
     name: str
-    kind: str  # "embedding" or "reranker"
+    kind: str  # "embedding", "sparse" (SPLADE: a SparseEncoder as ref) or "reranker"
     ref: object
     url: str
     max_inputs: int
@@ -68,6 +73,12 @@ class Target:
     normalizes: bool = False
     prompts: dict = field(default_factory=dict)  # ST's, "query" / "document" defaults included
     default_prompt: str | None = None
+    long_inputs: str = ""  # the server's mode: "refuse", "truncate" or "chunk" ("": from auto_truncate)
+    budget: int = 512  # the batcher's max_batch_tokens
+    max_request_tokens: int | None = None  # the batcher's cap on a request's tokens (after chunking)
+
+    def __post_init__(self):
+        self.long_inputs = self.long_inputs or ("truncate" if self.auto_truncate else "refuse")
 
     def prompt(self, name: str | None) -> str:
         """ST's rule: prompts[name], else the default prompt's text, else none."""
@@ -122,11 +133,15 @@ _OPT_BOOL = (lambda v: v is None or isinstance(v, bool), None)
 _OPT_STR = (lambda v: v is None or isinstance(v, str), None)
 _OPT_INT = (lambda v: v is None or _int(v), None)
 _DIRECTION = (lambda v: v in ("right", "Right", "left", "Left"), "right")
+_LONG = {"long_inputs": (lambda v: v is None or v in ("refuse", "truncate", "chunk"), None), "chunk_overlap": _OPT_INT}
+_TOKEN_STATES = {"inputs": _TEXT, "truncate": _OPT_BOOL, "truncation_direction": _DIRECTION, "prompt_name": _OPT_STR}
 FIELDS = {  # route -> field -> (accepts the JSON value, default); app.py's docstring, strict JSON types
     "embed": {"inputs": _TEXT, "normalize": _BOOL, "truncate": _OPT_BOOL, "truncation_direction": _DIRECTION,
-              "prompt_name": _OPT_STR, "dimensions": _OPT_INT},
+              "prompt_name": _OPT_STR, "dimensions": _OPT_INT, **_LONG},
     "openai": {"input": _TEXT, "model": _OPT_STR, "encoding_format": (lambda v: v in ("float", "base64"), "float"),
-               "dimensions": _OPT_INT, "user": _OPT_STR, "prompt_name": _OPT_STR},
+               "dimensions": _OPT_INT, "user": _OPT_STR, "prompt_name": _OPT_STR, **_LONG},
+    "embed_all": _TOKEN_STATES,
+    "embed_sparse": _TOKEN_STATES,  # TEI's EmbedAllRequest and EmbedSparseRequest take the same fields
     "rerank": {"query": (lambda v: isinstance(v, str), ...), "texts": (_str_list, ...), "raw_scores": (_BOOL[0], False),
                "return_text": (_BOOL[0], False), "truncate": _OPT_BOOL, "truncation_direction": _DIRECTION},
 }
@@ -145,6 +160,8 @@ class Expect:
     refusals: list[Refusal]
     ok: Callable[[object], str | None] | None = None  # a 200's checker (None: a 200 is wrong)
     also: list[Refusal] = field(default_factory=list)  # refusals allowed whatever the rest says (a UTF-8 BOM's)
+    tokens: int = 0  # what a 200 runs (chunks included): the time bound's measure (tests/serve_budget.py)
+    chunked: int = 0  # texts a 200 runs as several chunks
 
     def allowed(self) -> list[Refusal]:
         first = min((r.layer for r in self.refusals), default=None)
@@ -185,77 +202,21 @@ def _expect_fields(t: Target, route: str, data: dict) -> Expect:
     if refusals:
         return Expect(refusals)
     get = lambda name: data.get(name, fields[name][1])  # noqa: E731
-    semantic = _rerank_rules(t, get) if route == "rerank" else _embedding_rules(t, route, get)
+    if route == "rerank":
+        semantic, check, several = _rerank_rules(t, get), _rerank_answer(t, get), 0
+        tokens = 0 if semantic else sum(min(t.tokens(get("query"), pair=x), t.max_len) for x in get("texts"))
+    else:
+        from serve_oracle_embed import embedding_expect  # it imports this module's types
+
+        semantic, check, tokens, several = embedding_expect(t, route, get)
     if semantic:
         return Expect([Refusal(3, *s) for s in semantic])
-    return Expect([], {"embed": _embed_answer, "openai": _openai_answer, "rerank": _rerank_answer}[route](t, get))
-
-
-def _embedding_rules(t: Target, route: str, get) -> list[tuple]:
-    key = "inputs" if route == "embed" else "input"
-    texts = [get(key)] if isinstance(get(key), str) else get(key)
-    out = [] if t.kind == "embedding" else [((424,), ("reranker",), "a reranker's server")]
-    dims, name = get("dimensions"), get("prompt_name")
-    if dims is not None and not 1 <= dims <= (t.width or 32):
-        out.append(((422,), ("dimensions",), f"dimensions={dims} outside 1..{t.width}"))
-    if route == "embed" and get("truncation_direction").lower() != "right":
-        out.append(((422,), ("truncation_direction",), "truncation_direction left"))
-    if (rows := _id_rows(get(key))) is not None:
-        return out + _id_rules(t, route, get, key, rows)
-    if not texts:
-        out.append(((422,), (key,), "no inputs"))
-    if len(texts) > t.max_inputs:
-        out.append(((413,), (key,), f"{len(texts)} inputs > max_inputs {t.max_inputs}"))
-    known = name is None or name in t.prompts
-    if not known:
-        out.append(((422,), ("prompt_name",), f"unknown prompt_name {name!r}"))
-    out += [((422,), (key,), f"{key}[{i}] lone surrogate") for i, x in enumerate(texts) if surrogate(x)]
-    truncate = get("truncate") if route == "embed" and get("truncate") is not None else t.auto_truncate
-    if t.kind == "embedding" and known and not truncate:
-        out += [((413,), ("tokens",), f"{key}[{i}] past {t.max_len} tokens") for i, x in enumerate(texts)
-                if not surrogate(x) and t.tokens(x, name) > t.max_len]
-    return out
-
-
-def _id_rules(t: Target, route: str, get, key: str, rows: list[list[int]]) -> list[tuple]:
-    out = []
-    if get("prompt_name") is not None:
-        out.append(((422,), ("prompt_name",), "prompt_name with token ids"))
-    if len(rows) > t.max_inputs:
-        out.append(((413,), (key,), f"{len(rows)} inputs > max_inputs {t.max_inputs}"))
-    vocab = t.ref[0].auto_model.config.vocab_size if t.kind == "embedding" else None
-    out += [((422,), (key,), f"{key}[{i}] empty or outside the vocabulary") for i, r in enumerate(rows)
-            if not r or (vocab is not None and not all(0 <= x < vocab for x in r))]
-    truncate = get("truncate") if route == "embed" and get("truncate") is not None else t.auto_truncate
-    if t.kind == "embedding" and not truncate:
-        out += [((413,), ("tokens",), f"{key}[{i}] past {t.max_len} tokens") for i, r in enumerate(rows) if len(r) > t.max_len]
-    return out
-
-
-def _reference(t: Target, texts, name, dims, normalize: bool, skip_normalize: bool = False) -> torch.Tensor:
-    """sentence-transformers' rows for texts (or token-id rows, run through its modules as given, cut at
-    max_seq_length), its truncate_dim, then ``dims`` features, L2-normalised where ``normalize``; skip_normalize: with
-    its Normalize modules skipped (TEI's normalize=false)."""
-    rows, skip_normalize = _id_rows(texts), skip_normalize and t.normalizes  # a folder without Normalize: its own rows
-    if rows is None and not skip_normalize:
-        return t.ref.encode(texts, prompt_name=name, truncate_dim=dims, normalize_embeddings=normalize, convert_to_tensor=True)
-    rows = rows if rows is not None else [t.ref.tokenize([t.prompt(name) + x])["input_ids"][0].tolist() for x in texts]
-    out = []
-    with torch.no_grad():
-        for ids in rows:
-            ids = ids[:t.max_len]
-            features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-            for module in t.ref:
-                if not (skip_normalize and type(module).__name__ == "Normalize"):
-                    features = module(features)
-            out.append(features["sentence_embedding"][0])
-    emb = torch.stack(out)[:, :t.ref.truncate_dim][:, :dims]
-    return torch.nn.functional.normalize(emb, dim=-1) if normalize else emb
+    return Expect([], check, tokens=tokens, chunked=several)
 
 
 def _rerank_rules(t: Target, get) -> list[tuple]:
     query, texts = get("query"), get("texts")
-    out = [] if t.kind == "reranker" else [((424,), ("reranker",), "an embedding model's server")]
+    out = [] if t.kind == "reranker" else [((424,), ("reranker",), f"a {t.kind} model's server")]
     if get("truncation_direction").lower() != "right":
         out.append(((422,), ("truncation_direction",), "truncation_direction left"))
     if not texts:
@@ -286,50 +247,6 @@ def close(got, ref: torch.Tensor, scale: float | None = None) -> str | None:
     if not err <= TOL * max(scale, 1e-6):
         return f"max |diff| {err:.3g} ({err / max(scale, 1e-30):.3g} of the scale {scale:.3g}) from sentence-transformers"
     return None
-
-
-def _scale(t: Target, texts: list[str], name, dims, normalize: bool, skip_normalize: bool = False) -> float | None:
-    """The scale of rows cut to ``dims`` features and not renormalised: their full rows' (a first feature of 2e-3 is
-    computed from states of order 1, with their rounding); None (the reference's own) otherwise."""
-    if dims is None or normalize:
-        return None
-    return float(_reference(t, texts, name, None, False, skip_normalize).abs().max())
-
-
-def _embed_answer(t: Target, get):
-    texts = [get("inputs")] if isinstance(get("inputs"), str) else get("inputs")
-
-    def check(answer) -> str | None:
-        name, dims, normalize = get("prompt_name"), get("dimensions"), get("normalize")
-        ref = _reference(t, texts, name, dims, normalize, skip_normalize=not normalize)
-        return close(answer, ref, _scale(t, texts, name, dims, normalize, skip_normalize=not normalize))
-    return check
-
-
-def _openai_answer(t: Target, get):
-    texts = [get("input")] if isinstance(get("input"), str) else get("input")
-
-    def check(answer) -> str | None:
-        dims, name = get("dimensions"), get("prompt_name")
-        ref = _reference(t, texts, name, dims, dims is not None and t.normalizes)
-        try:
-            data = answer["data"]
-            if answer["object"] != "list" or [d["index"] for d in data] != list(range(len(texts))):
-                return f"not OpenAI's list of embeddings in order: {str(answer)[:200]}"
-            rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") if get("encoding_format") == "base64"
-                    else d["embedding"] for d in data]
-            usage = answer["usage"]
-        except (KeyError, TypeError, ValueError) as e:
-            return f"not OpenAI's answer ({type(e).__name__}: {e}): {str(answer)[:200]}"
-        if (why := close(rows, ref, _scale(t, texts, name, dims, dims is not None and t.normalizes))) is not None:
-            return why
-        rows = _id_rows(get("input"))
-        tokens = (sum(min(len(r), t.max_len) for r in rows) if rows is not None else
-                  sum(min(t.tokens(x, name), t.max_len) for x in texts))
-        if usage != {"prompt_tokens": tokens, "total_tokens": tokens}:
-            return f"usage {usage}, the tokens with the prompt are {tokens}"
-        return None
-    return check
 
 
 def _rerank_answer(t: Target, get):

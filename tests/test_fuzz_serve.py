@@ -1,14 +1,17 @@
-"""The server fuzzer (tests/fuzz_serve.py) at a small budget: random requests to five tiny folders' servers, every
-answer checked against sentence-transformers (SentenceTransformer.encode, CrossEncoder.predict) and the rules of
-btlib/serve/app.py's docstring, never against btlib's own code.
+"""The server fuzzer (tests/fuzz_serve.py) at a small budget: random requests to seven tiny folders' servers (a
+chunking one with a cap on a request's tokens, and a SPLADE one, among them), every answer checked against
+sentence-transformers (SentenceTransformer.encode, its token_embeddings, SparseEncoder.encode, CrossEncoder.predict;
+chunked texts' rows built by hand) and the rules of btlib/serve's docstrings, never against btlib's own code; and
+each case's time, peak memory and largest forward against tests/serve_budget.py's bounds.
 
-BTLIB_FUZZ_SERVE_CASES cases (default 1000, ~6 s after ~5 s of writing folders and starting servers; seeded, so
-`make test` runs the same cases every time). A longer run:
+BTLIB_FUZZ_SERVE_CASES cases (default 200, ~30 s after ~10 s of writing folders, starting servers and measuring
+their rates, then 60 of one request per server, the leak check; seeded, so `make test` runs the same cases every time). A longer run:
     python tests/fuzz_serve.py --cases 1000 [--seed S]
 """
 
 import json
 import os
+from collections import Counter
 
 import pytest
 
@@ -20,8 +23,10 @@ pytest.importorskip("sentence_transformers")
 
 import fuzz_serve  # noqa: E402
 import serve_oracle  # noqa: E402
+import st_rows  # noqa: E402
 
-TESTED_HERE = ["btlib.serve.app", "btlib.serve.bodies", "btlib.serve.guards", "btlib.serve.batcher", "btlib.serve.rerank"]
+TESTED_HERE = ["btlib.serve.app", "btlib.serve.bodies", "btlib.serve.guards", "btlib.serve.batcher", "btlib.serve.rerank",
+               "btlib.serve.slices", "btlib.serve.fields"]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +68,34 @@ def test_the_oracle_itself(targets):
     assert _allowed(ce, "/rerank", None, malformed="utf-16") == [(422, "body")]
 
 
+def test_the_oracle_of_long_inputs_and_the_newer_routes(targets):
+    """The rules of btlib/serve/service.py's and btlib/pretrained/chunking.py's docstrings as the fuzzer reads them."""
+    p, ch, sp = targets["prompted"], targets["chunking"], targets["splade"]
+    long = " ".join(f"w{i}" for i in range(20))  # 20 content tokens: 3 chunks of the default prompt's window 8
+    assert st_rows.chunk_ids(ch, long, None, None) == [
+        [2, 6, 7, *range(5, 13), 3], [2, 6, 7, *range(12, 20), 3], [2, 6, 7, *range(19, 25), 3]]  # overlap 8 // 8
+    assert _allowed(p, "/embed", {"inputs": long, "long_inputs": "chunk"}) == [(422, "long_inputs")]
+    assert _allowed(p, "/embed", {"inputs": "w1", "chunk_overlap": 1}) == [(422, "chunk_overlap")]
+    assert _allowed(ch, "/embed", {"inputs": long}) == [(200, "")]
+    assert _allowed(ch, "/embed", {"inputs": long, "truncate": False}) == [(413, "tokens")]
+    assert _allowed(ch, "/embed", {"inputs": long, "truncate": True, "long_inputs": "chunk"}) == [(422, "long_inputs")]
+    assert _allowed(ch, "/v1/embeddings", {"input": "w1", "chunk_overlap": 8}) == [(422, "chunk_overlap")]
+    assert _allowed(ch, "/v1/embeddings", {"input": "w1", "chunk_overlap": 8, "prompt_name": "document"}) == [(200, "")]
+    assert _allowed(ch, "/embed", {"inputs": [long] * 5}) == [(413, "max_request_tokens")]  # 5 x 34 tokens > 160
+    assert _allowed(ch, "/embed_all", {"inputs": long}) == [(413, "tokens")]  # token states: never chunked
+    assert _allowed(ch, "/embed_all", {"inputs": long, "long_inputs": "chunk"}) == [(422, "long_inputs")]
+    assert _allowed(sp, "/embed", {"inputs": "w1"}) == [(424, "normalize")]
+    assert _allowed(sp, "/embed", {"inputs": "w1", "normalize": False}) == [(200, "")]
+    assert _allowed(sp, "/embed_sparse", {"inputs": "w1", "dimensions": 4}) == [(422, "dimensions")]
+    assert _allowed(sp, "/embed_all", {"inputs": "w1"}) == [(424, "sparse")]
+    assert _allowed(p, "/embed_sparse", {"inputs": "w1"}) == [(424, "sparse")]
+
+
 def test_random_requests_answer_as_sentence_transformers_or_are_refused_by_name(targets):
-    cases, findings = fuzz_serve.run(list(targets.values()), int(os.environ.get("BTLIB_FUZZ_SERVE_CASES", "1000")), seed=0)
+    seen, watch = Counter(), []
+    cases, findings = fuzz_serve.run(list(targets.values()), int(os.environ.get("BTLIB_FUZZ_SERVE_CASES", "200")), seed=0,
+                                     seen=seen, watch=watch, repeats=60)
     assert findings == [], f"{len(findings)} findings in {cases} cases:\n" + "\n".join(findings)
+    served = {key for (group, key, outcome) in seen if group == "server" and outcome == "200"}
+    assert served == set(targets), f"servers that answered no case: {set(targets) - served}"
+    assert sum(v for (group, key, _), v in seen.items() if group == "kind" and key.startswith("200 with texts")) > 0
