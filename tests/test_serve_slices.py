@@ -109,6 +109,21 @@ def test_a_chunked_request_with_more_words_than_the_cap_is_refused_before_tokeni
             b.submit([" ".join(["word"] * 2000)], truncate="chunk")
 
 
+def test_a_chunked_request_under_the_cap_is_not_refused_by_words_of_no_token(model):
+    """Campaign 3 (issue 49): str.split()'s words were taken for a lower bound on tokens, and are not one: "\\x00" is
+    a word of no token (BERT's normalizer deletes it), "of\\x1cthe" two words of one piece (U+001C is whitespace to
+    Python only). 600 words of 400 tokens were refused past a 500-token cap ("600 words, so 600 tokens at least");
+    they are 2 chunks, 435 tokens."""
+    text = " ".join(["word"] * 300 + ["\x00"] * 200 + ["of\x1cthe"] * 50)
+    with BatchEncoder(model, max_request_tokens=500) as b:
+        f = b.submit([text], truncate="chunk")
+        got = f.result(60)
+        assert f.tokens <= 500 and f.chunks == [2]
+        assert torch.allclose(got, model.encode([text], long_inputs="chunk"), atol=1e-6)
+        with pytest.raises(RequestTooLarge, match=r"501 words"):  # a word with a letter is a token at least
+            b.submit([" ".join(["word"] * 501)], truncate="chunk")
+
+
 def test_max_wait_s_holds_from_the_first_request(model, monkeypatch):
     """A rate exists before any request ran (a full batch timed at start), so a burst at a cold server is refused
     past max_wait_s instead of filling the queue (e398218: 8.6 s p50 wait with --max-wait-s 0.3). The first forward
