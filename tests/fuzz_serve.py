@@ -40,7 +40,7 @@ __all__ = ["campaign", "run", "draw_cases"]
 
 WORDS = [f"w{i}" for i in range(30)] + [f"W{i}" for i in range(30)]
 ODD = ["Zürich", "東京", "😀", "e\u0301", "a\u00a0b", "\x00", "\t", "[SEP]", "[PAD]", "<pad>", "w1\u2028w2", '"', "\\",
-       "\ufeff", "\U0001f469\u200d\U0001f4bb"]
+       "\ufeff", "\U0001f469\u200d\U0001f4bb", "w1\x1cw2", "\x1f"]  # U+001C, U+001F: whitespace to Python only
 OWN = {"embedding": ["embed", "openai", "embed_all"], "sparse": ["embed_sparse", "embed"], "reranker": ["rerank"]}
 
 
@@ -61,8 +61,10 @@ class Draw:
         """Words, odd characters, "", a lone surrogate, or one at / one below / one above the length limit."""
         rng, t = self.rng, self.t
         if pair_query is None and rng.random() < (0.3 if t.long_inputs == "chunk" else 0.03):  # several chunks' worth
-            n = rng.randint(t.max_len, rng.choice([3, 3, 3, 8]) * t.max_len)
-            return " ".join(rng.choice(WORDS) for _ in range(n))
+            most = rng.choice([3, 3, 3, 8]) * t.max_len
+            if t.max_request_tokens and rng.random() < 0.3:  # around the cap once chunked (~1.2 tokens a word)
+                most = t.max_request_tokens
+            return " ".join(rng.choice(WORDS * 4 + ODD) for _ in range(rng.randint(t.max_len, most)))
         r = rng.random()
         if r < 0.08:
             return ""

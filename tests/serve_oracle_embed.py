@@ -194,8 +194,9 @@ def _openai_answer(t: Target, get, mode, overlap, tokens):
         if (why := close(rows, ref, _scale(t, texts, name, dims, unit, False, chunk, overlap))) is not None:
             return why
         want = {"prompt_tokens": tokens, "total_tokens": tokens}
-        if chunk:  # btlib's: the sequences that ran, where the mode is "chunk"
-            want["chunks"] = sum(len(st_rows.chunk_ids(t, x, name, overlap)) for x in texts)
+        if chunk:  # btlib's: the sequences that ran, where the mode is "chunk" (token ids: one each, never chunked)
+            ids = _id_rows(get("input"))
+            want["chunks"] = len(ids) if ids is not None else sum(len(st_rows.chunk_ids(t, x, name, overlap)) for x in texts)
         if usage != want:
             return f"usage {usage}, the tokens that ran (prompt and chunks included) are {want}"
         return None
