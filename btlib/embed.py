@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .embed_shards import read_embeddings, read_meta, rows_hash, sort_out, write_meta, write_shard
+from .embed_shards import previous_meta, read_embeddings, rows_hash, sort_out, write_meta, write_shard
 from .gemm import PATHS, forced_path, forcing, path_available, plan
 from .hardware import cache_file
 from .hardware_cache import write_cache
@@ -137,7 +137,7 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
                            precision=precision, max_batch_tokens=max_batch_tokens, gemm=gemm)
     settings = {"source": source.name, "column": column, "shard_size": shard_size, "max_batch_tokens": max_batch_tokens,
                 "model": str(model_folder) if model_folder else "all-MiniLM-L6-v2 (default)", "precision": precision or "fp32"}
-    old = read_meta(out) if (out / "meta.json").is_file() else {}
+    old, lost = previous_meta(out)
     changed = {k: (old.get(k), v) for k, v in settings.items() if old and old.get(k) != v}
     if changed:
         raise ValueError(f"{out} holds a run with other settings {changed} (was, now): use a new folder or the same settings")
@@ -151,8 +151,8 @@ def embed_file(source: str | Path, out: str | Path, *, column: str = "text", mod
     gemm, threads, how = _job_gemm(job, gemm, old, precision)
     out.mkdir(parents=True, exist_ok=True)
     same_path = (old.get("gemm"), old.get("threads")) == (gemm, threads)
-    keep, redone = sort_out(out, hashes, sizes, d, old, None if same_path else
-                            f"the GEMM path changed ({old.get('gemm')} at {old.get('threads')} threads, now {gemm} at {threads})")
+    keep, redone = sort_out(out, hashes, sizes, d, old, lost or (None if same_path else
+                            f"the GEMM path changed ({old.get('gemm')} at {old.get('threads')} threads, now {gemm} at {threads})"))
     # meta.json after the shards it no longer describes are gone: a kill between the two leaves no shard of another
     # input version or GEMM path under it, only missing ones
     sums = [keep.get(k) for k in range(len(hashes))]  # each shard's sha256, recorded once it is on disk

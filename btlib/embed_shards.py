@@ -7,8 +7,11 @@ A shard's name says which rows it holds (:func:`rows_hash`: an edited input rena
 its sha256 in meta.json says its bytes are the ones written (a flipped bit inside a float keeps the file's shape, so
 only the bytes can tell). The sum is of the whole .npy file, recorded right after the shard is on disk: a shard
 without one (its run was stopped between the two, or an older btlib.embed wrote it) is unverified and redone.
+meta.json is checked as well: its rows, shard size and shard list must agree (or a shard dropped from the list went
+unread), and one that is missing or unreadable leaves nothing to verify, so a run redoes every shard.
 
-    keep, redone = sort_out(out, hashes, sizes, d, old, same_path)   # at the start of a run: what may be kept
+    old, lost = previous_meta(out)                                # what a run resumes from, or why it redoes all
+    keep, redone = sort_out(out, hashes, sizes, d, old, lost)     # at the start of a run: what may be kept
     sums[k] = write_shard(out, k, hashes[k], emb); write_meta(out, meta)   # each shard, then its sum
     read_embeddings(out) -> (rows, d) float32                        # every shard checked: name, shape, sha256
 
@@ -28,11 +31,13 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["rows_hash", "shard_name", "shard_sizes", "read_meta", "write_meta", "write_shard", "sort_out",
+__all__ = ["rows_hash", "shard_name", "shard_sizes", "read_meta", "previous_meta", "write_meta", "write_shard", "sort_out",
            "read_embeddings"]
 
 _SHARD = re.compile(r"shard-(\d{5,})(?:-([0-9a-f]{16}))?\.npy")
 _RERUN = "run the same command again, which redoes it"
+_REDO_ALL = "run the same command again, which redoes every shard (nothing in the folder can be verified without it)"
+_REWRITE = "run the same command again, which rewrites it from the input (or names the setting that changed)"
 
 
 def rows_hash(texts: Sequence[str], column: str) -> str:
@@ -54,16 +59,34 @@ def shard_sizes(rows: int, shard_size: int) -> list[int]:
 
 
 def read_meta(out: Path) -> dict:
+    """OUT/meta.json as a dict; FileNotFoundError where it is missing, ValueError where it is not a JSON object (each
+    saying that the same command redoes every shard: nothing in OUT can be verified without it)."""
     path = out / "meta.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{out} has no meta.json: not a folder python -m btlib.embed wrote, or its run never started")
+        raise FileNotFoundError(f"{out} has no meta.json (not a folder python -m btlib.embed wrote, its run never "
+                                f"started, or it was deleted): {_REDO_ALL}")
     try:
         meta = json.loads(path.read_text())
-    except ValueError as e:  # written atomically, so edited by hand
-        raise ValueError(f"{path} is not readable JSON ({e}): use a new folder") from None
+    except (ValueError, UnicodeDecodeError) as e:  # written atomically, so edited by hand or damaged on disk
+        raise ValueError(f"{path} is not readable JSON ({e}): {_REDO_ALL}") from None
     if not isinstance(meta, dict):
-        raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not an object: use a new folder")
+        raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not an object: {_REDO_ALL}")
     return meta
+
+
+def previous_meta(out: Path) -> tuple[dict, str | None]:
+    """(the meta.json a run resumes from, or {}; why every shard on disk is redone, or None). A missing or unreadable
+    meta.json leaves nothing to verify a shard against, so a run redoes them all (it refused an unreadable one, and
+    the folder had to be given up; a deleted one was redone as "the GEMM path changed (None at None threads)")."""
+    try:
+        return read_meta(out), None
+    except FileNotFoundError:
+        why = "meta.json is missing"
+    except ValueError:
+        why = "meta.json is not a readable JSON object"
+    if not any(out.glob("shard-*.npy")):
+        return {}, None  # a new folder, or one whose run never wrote a shard
+    return {}, f"{why}, so it cannot be verified"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -108,10 +131,11 @@ def _damage(data: bytes, rows: int, d: int, want: object) -> str | None:
 
 
 def sort_out(out: Path, hashes: list[str], sizes: list[int], d: int, old: dict,
-             gemm_changed: str | None) -> tuple[dict[int, str], dict[int, str]]:
+             redo_all: str | None) -> tuple[dict[int, str], dict[int, str]]:
     """Delete what a run must not keep (a killed run's temporary files, shards of other rows or of another GEMM path,
     unverified or damaged ones, shards past the end); return ({k: sha256 of each shard kept}, {k: why k is redone}).
-    gemm_changed: why the GEMM path differs from the one the folder's shards were computed on (None: the same)."""
+    redo_all: why no shard on disk may be kept (the GEMM path differs from the one they were computed on; meta.json is
+    missing or unreadable), or None."""
     for stale in out.glob(".*.tmp-*"):  # a killed run's half-written shard or meta.json
         stale.unlink()
     old_sums = _sums(old, len(old.get("shards") or []))
@@ -126,8 +150,8 @@ def sort_out(out: Path, hashes: list[str], sizes: list[int], d: int, old: dict,
                 why = "it was written by an older btlib.embed"
             elif h != hashes[k]:
                 why = "its rows changed"
-            elif gemm_changed:
-                why = gemm_changed
+            elif redo_all:
+                why = redo_all
             elif not isinstance(want, str):
                 why = "no checksum was recorded for it (written by an older btlib.embed, or its run stopped first)"
             elif (damage := _damage(path.read_bytes(), sizes[k], d, want)) is not None:
@@ -155,7 +179,14 @@ def read_embeddings(out: str | Path) -> np.ndarray:
     if not isinstance(meta.get("sums"), list) or len(meta["sums"]) != len(hashes):
         raise ValueError(f"{out}/meta.json was written by an older btlib.embed (no shard checksums, so its shards "
                          f"cannot be verified): {_RERUN} (all its shards)")
-    sizes = shard_sizes(meta["rows"], meta["shard_size"])
+    rows, size = meta.get("rows"), meta.get("shard_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rows, size, d)) or rows < 0 or size < 1 or d < 1:
+        raise ValueError(f"{out}/meta.json holds rows={rows!r}, shard_size={size!r}, dim={d!r}, which no run writes "
+                         f"(edited by hand?): {_REWRITE}")
+    sizes = shard_sizes(rows, size)
+    if len(sizes) != len(hashes):  # each listed shard could verify and the rows still be short: 8 of 10 were read
+        raise ValueError(f"{out}/meta.json lists {len(hashes)} shards for {rows} rows in shards of {size} ({len(sizes)} "
+                         f"shards): they do not agree (edited by hand?): {_REWRITE}")
     on_disk = {(int(m.group(1)), m.group(2)): p for p in out.glob("shard-*.npy") if (m := _SHARD.fullmatch(p.name))}
     for (k, h), path in sorted(on_disk.items(), key=lambda kv: kv[0][0]):
         if k < len(hashes) and h != hashes[k] and (k, hashes[k]) not in on_disk:

@@ -102,3 +102,56 @@ def test_an_older_meta_without_checksums_is_refused_then_every_shard_redone(job)
     assert (r["written"], r["skipped"]) == (3, 0) and all(why.startswith("no checksum") for why in r["redone"].values())
     assert np.array_equal(read_embeddings(out), clean)
     assert embed_file(src, out, **KW)["skipped"] == 3  # verified now: kept
+
+
+def edit_meta(out, **fields):
+    (out / "meta.json").write_text(json.dumps({**meta(out), **fields}))
+
+
+@pytest.mark.parametrize("edit", ["one shard fewer", "rows past the shards"])
+def test_a_meta_json_whose_shards_do_not_cover_its_rows_is_refused_not_read_short(job, edit):
+    """Campaign 3 (issue 49): read_embeddings read the shards meta.json listed, whatever its rows said: with its last
+    shard dropped from "shards" and "sums" (or "rows" past what its shards hold, all of them full), 8 of 10 rows came
+    back without a word. Now meta.json is named; the same command rewrites it from the input."""
+    src, out, good = job
+    if edit == "one shard fewer":
+        m = meta(out)
+        edit_meta(out, shards=m["shards"][:-1], sums=m["sums"][:-1])
+    else:
+        edit_meta(out, rows=12, shards=meta(out)["shards"][:2], sums=meta(out)["sums"][:2])  # 2 full shards, "12 rows"
+    with pytest.raises(ValueError, match=r"meta\.json.*run the same command again"):
+        read_embeddings(out)
+    embed_file(src, out, **KW)
+    assert np.array_equal(read_embeddings(out), good)
+
+
+@pytest.mark.parametrize("fields", [{"rows": 0}, {"rows": "10"}, {"rows": -1}, {"shard_size": 0}, {"dim": 0},
+                                    {"shards": "not a list"}, {"sums": [None, 5, "x"]}])
+def test_a_meta_json_of_wrong_values_is_named_on_read(job, fields):
+    """rows 0 was an IndexError, rows "10" a TypeError, shard_size 0 'range() arg 3 must not be zero': now a
+    ValueError naming meta.json and saying what mends it."""
+    _, out, _ = job
+    edit_meta(out, **fields)
+    with pytest.raises(ValueError, match=r"meta\.json"):
+        read_embeddings(out)
+
+
+@pytest.mark.parametrize("damage", ["not JSON", "cut short", "a JSON list", "deleted"])
+def test_an_unreadable_meta_json_is_mended_by_the_same_command(job, damage):
+    """An unreadable meta.json (edited by hand, or a disk's damage: btlib writes it whole or not at all) made every
+    later run refuse ("use a new folder"): now, as a missing one, it is named and every shard redone, unverified."""
+    src, out, good = job
+    path = out / "meta.json"
+    if damage == "not JSON":
+        path.write_text("{not json")
+    elif damage == "cut short":
+        path.write_bytes(path.read_bytes()[:40])
+    elif damage == "a JSON list":
+        path.write_text("[]")
+    else:
+        path.unlink()
+    with pytest.raises((ValueError, FileNotFoundError), match=r"meta\.json.*run the same command again"):
+        read_embeddings(out)
+    r = embed_file(src, out, **KW)
+    assert r["written"] == 3 and all("meta.json" in why for why in r["redone"].values()), r["redone"]
+    assert np.array_equal(read_embeddings(out), good)
