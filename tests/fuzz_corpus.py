@@ -11,7 +11,9 @@ written here from the rules alone (btlib.serve.corpus's docstring), not from btl
     no lone surrogate.
 
 Then a scenario runs :func:`btlib.embed.embed_file` (once; edited between two runs; killed by a KeyboardInterrupt
-from on_shard, maybe edited, resumed; a shard damaged, read, run again; a second folder under another BTLIB_GEMM)
+from on_shard, maybe edited, resumed; a shard damaged or meta.json edited (tests/corpus_damage.py: truncated,
+flipped, swapped, moved shards; sums, hashes, rows, the shard list, a setting edited; meta.json cut short, not JSON,
+deleted), read, run again; a second folder under another BTLIB_GEMM)
 and checks either ``read_embeddings(out)`` equals ``model.encode(rows)`` to 1e-6 with meta.json's rows (and the
 shards redone are exactly those whose rows changed; a fresh folder, the same bits), or the run fails with an error
 naming the first bad line (``name line n``; Parquet ``row i``). Anything else is a finding.
@@ -37,6 +39,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+from corpus_damage import check, damage_shard, edit_meta
 
 BOM = b"\xef\xbb\xbf"
 PIECES = ["packed", "tokens", "cost", "only", "their", "length", "a", "the", "Zürich", "naïve", "東京", "😀", "👩‍💻",
@@ -160,7 +164,7 @@ def run_case(i: int, seed: int, work: Path, model, embed, seen: Counter) -> str 
     folder = work / f"case{i}"
     folder.mkdir()
     fmts = ["text", "jsonl"] + (["parquet"] if _has_pyarrow() else [])
-    scenario = rng.choice(["once", "once", "edit", "kill", "damage", "fresh"])
+    scenario = rng.choice(["once", "once", "edit", "kill", "damage", "damage", "meta", "meta", "fresh"])
     case = Case(rng, folder, rng.choice(fmts), faults=scenario == "once")
     kw = dict(column=case.column, shard_size=rng.randint(1, 5), max_batch_tokens=rng.choice([16, 64, 256]), progress=False)
     out = folder / "out"
@@ -182,24 +186,19 @@ def run_case(i: int, seed: int, work: Path, model, embed, seen: Counter) -> str 
     before = chunks(case.expected, kw["shard_size"])
     if scenario in ("edit", "kill") and rng.random() < (1.0 if scenario == "edit" else 0.5):
         case.edit()
-    if scenario == "damage" and (shards := sorted(out.glob("shard-*.npy"))):
-        victim = rng.choice(shards)
-        good = embed.read_embeddings(out)
-        how = _damage(rng, victim)
-        try:
-            embed.read_embeddings(out)
-            return f"a {how} shard read without error"
-        except (ValueError, FileNotFoundError) as e:
-            if victim.name not in str(e) and how != "deleted":
-                return f"the error for a {how} shard does not name it: {e}"
-            if "run the same command again" not in str(e):
-                return f"the error for a {how} shard gives no advice: {e}"
-        r = embed.embed_file(case.path, out, **kw)
-        if how != "deleted" and not r["redone"].get(int(victim.name[6:11]), "").startswith("it was damaged"):
-            return f"a {how} shard was not redone as damaged: {r['redone']}"
-        if not np.array_equal(embed.read_embeddings(out), good):
-            return f"run again after a {how} shard, the bits differ from before ({r['redone']})"
-        return check_result(case, out, model, embed)
+    if scenario == "damage" and any(out.glob("shard-*.npy")) or scenario == "meta":
+        good, runs = embed.read_embeddings(out), []
+        if scenario == "meta":
+            how, names = edit_meta(rng, out), ["meta.json", "shard-"]
+        else:
+            how, victim, names = damage_shard(rng, out)
+        seen[f"~{scenario}: {how}"] += 1  # ~: what was done to the folder
+        why = check(how, names, out, embed.read_embeddings, lambda: runs.append(embed.embed_file(case.path, out, **kw))
+                    or runs[-1], good)
+        if why is None and scenario == "damage" and how not in ("deleted", "moved", "swapped"):
+            if not runs[0]["redone"].get(int(victim.name[6:11]), "").startswith("it was damaged"):
+                why = f"a {how} shard was not redone as damaged: {runs[0]['redone']}"
+        return why or (None if how.startswith("setting") else check_result(case, out, model, embed))
     if scenario in ("edit", "kill", "fresh"):
         r = embed.embed_file(case.path, out, **kw)
         after = chunks(case.expected, kw["shard_size"])
@@ -224,28 +223,6 @@ def _stop_at(rng: random.Random, rows: int, size: int, scenario: str):
         if k == stop:
             raise KeyboardInterrupt
     return hook
-
-
-def _damage(rng: random.Random, path: Path) -> str:
-    how = rng.choice(["truncated", "empty", "short", "float64", "garbage", "flipped", "deleted"])
-    a = np.load(path)
-    if how == "truncated":
-        path.write_bytes(path.read_bytes()[: rng.randint(1, path.stat().st_size - 1)])
-    elif how == "empty":
-        path.write_bytes(b"")
-    elif how == "short":
-        np.save(path, a[:-1] if len(a) > 1 else np.zeros((2, a.shape[1]), np.float32))
-    elif how == "float64":
-        np.save(path, a.astype(np.float64))
-    elif how == "garbage":
-        path.write_bytes(b"not a numpy file at all" * 3)
-    elif how == "flipped":  # one bit of one float: still a whole array of the right shape, only its sha256 tells
-        data = bytearray(path.read_bytes())
-        data[len(data) - 1 - rng.randrange(a.nbytes)] ^= 1 << rng.randrange(8)
-        path.write_bytes(bytes(data))
-    else:
-        path.unlink()
-    return how
 
 
 @contextlib.contextmanager
@@ -313,9 +290,12 @@ def main() -> int:
     seen: Counter = Counter()
     n, findings = run(args.cases, args.seed, args.case, seen=seen)
     print(f"{n} cases (seed {args.seed}) in {time.perf_counter() - t0:.0f} s: {len(findings)} findings")
+    done = {k[1:]: v for k, v in seen.items() if k.startswith("~")}
+    seen = Counter({k: v for k, v in seen.items() if not k.startswith("~")})
     kinds = Counter(k.split(",")[0].replace(" -> error", "") for k in seen)
     print("  by format and scenario:", ", ".join(f"{k} {sum(v for s, v in seen.items() if s.startswith(k))}"
                                                    for k in sorted(kinds)))
+    print("  by what was done to the folder:", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
     print(f"  expected errors (a bad line named): {sum(v for k, v in seen.items() if k.endswith('error'))}; "
           f"empty corpora: {sum(v for k, v in seen.items() if k.endswith(' 0 rows'))}")
     for f in findings:

@@ -1,5 +1,6 @@
-"""The corpus fuzzer (tests/fuzz_corpus.py) at a small budget: random corpora, edits, kills and damaged shards, every
-case reading back as model.encode of the rows parsed by the rules alone, or failing with an error naming the line.
+"""The corpus fuzzer (tests/fuzz_corpus.py) at a small budget: random corpora, edits, kills, damaged shards and edited
+meta.json files (tests/corpus_damage.py), every case reading back as model.encode of the rows parsed by the rules
+alone, or failing with an error naming the line (or the shard or meta.json, and that the same command mends it).
 
 BTLIB_FUZZ_CORPUS_CASES cases (default 64, a few seconds; seeded, so `make test` runs the same cases every time). A longer run:
     python tests/fuzz_corpus.py --cases 500
