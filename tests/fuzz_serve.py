@@ -1,8 +1,9 @@
 """Differential fuzzer of ``python -m btlib.serve``'s request bodies against sentence-transformers and the stated rules.
 
-Seven tiny folders, one in-process server each (tests/fuzz_serve_targets.py: prompted, no_prompt_pool, dense,
-truncate_dim, reranker, a chunking server with a cap on a request's tokens, a SPLADE model), started once and reused
-by every case. Each case draws a request: a route (mostly those the folder's kind serves: /embed, /v1/embeddings and
+Nine in-process servers of seven tiny folders (tests/fuzz_serve_targets.py: prompted, no_prompt_pool, dense,
+truncate_dim, reranker, a SPLADE model, and three chunking servers with a cap on a request's tokens, under a Dense +
+Normalize head, CLS pooling with truncate_dim, and a mean that leaves the prompt out), started once and reused by
+every case. Each case draws a request: a route (mostly those the folder's kind serves: /embed, /v1/embeddings and
 /embed_all; /embed_sparse and /embed; /rerank), a body of valid and invalid field
 values (strings, lists, [], numbers where strings belong, nested lists, token-id lists (valid, empty, past the
 length limit, outside the vocabulary), null, booleans as strings,
@@ -164,7 +165,7 @@ def draw_big(rng: random.Random, targets: list[Target]) -> Case:
 
 
 def draw(rng: random.Random, targets: list[Target]) -> Case:
-    t = rng.choices(targets, [3 if t.long_inputs == "chunk" else 1 for t in targets])[0]  # the chunk path: a third
+    t = rng.choices(targets, [2 if t.long_inputs == "chunk" else 1 for t in targets])[0]  # the chunk path: ~half
     own = OWN[t.kind]
     route = rng.choice(own) if rng.random() < 0.9 else rng.choice([r for r in ROUTES if r not in own])
     data = Draw(rng, t, 0.0 if rng.random() < 0.4 else 0.3).body(route)
@@ -216,7 +217,7 @@ def draw_cases(rng: random.Random, targets: list[Target]) -> list[Case]:
         return [draw_big(rng, [t]) for _ in range(rng.choice([1, 1, 2, 3]))]
     if r < 0.11:
         chunking = [t for t in targets if t.long_inputs == "chunk"]
-        t = rng.choice(chunking if chunking and rng.random() < 0.5 else targets)
+        t = rng.choice(chunking if chunking and rng.random() < 0.5 else targets)  # half of them to a chunking one
         return [draw(random.Random(rng.random()), [t]) for _ in range(rng.randint(2, 6))]
     return [draw(rng, targets)]
 

@@ -13,6 +13,8 @@ one in-process server each on loopback, and each server's oracle (sentence-trans
     reranker        BertForSequenceClassification, one label, 24 tokens a pair   --auto-truncate, 48
     chunking        mean, Dense 32 -> 16 (tanh), Normalize, max_seq_length 12,   --long-inputs chunk, 24,
                     the prompted folder's prompts                                max_request_tokens 160
+    chunking_cls    the truncate_dim folder                                      --long-inputs chunk, 32, 200
+    chunking_noprompt  the no_prompt_pool folder                                 --long-inputs chunk, 24, 160
     splade          SparseEncoder (MLMTransformer, SpladePooling max relu),      32
                     max_seq_length 16
 
@@ -70,6 +72,11 @@ def write_folders(work: Path) -> dict[str, tuple[Path, dict]]:
     _edit(ce / "tokenizer_config.json", model_max_length=24,
           model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     out["reranker"] = (ce, {"auto_truncate": True, "max_batch_tokens": 48})
+    # the chunk path under other heads: CLS pooling with truncate_dim after the Normalize; include_prompt false (each
+    # chunk's [CLS] and prompt left out of its mean, as encode's prompt_length does), no Normalize
+    out["chunking_cls"] = (out["truncate_dim"][0], {"long_inputs": "chunk", "max_batch_tokens": 32, "max_request_tokens": 200})
+    out["chunking_noprompt"] = (out["no_prompt_pool"][0], {"long_inputs": "chunk", "max_batch_tokens": 24,
+                                                           "max_request_tokens": 160})
     splade = write_splade(work / "splade")
     _edit(splade / "sentence_bert_config.json", max_seq_length=16)
     out["splade"] = (splade, {"max_batch_tokens": 32})

@@ -11,7 +11,8 @@ Chunks, for a folder whose tokenizer puts [CLS] before a text and [SEP] after it
     row     = sum(len(chunk) * pre(chunk)) / sum(len(chunk)), then the folder's Normalize
 
 pre(chunk) is the folder's modules on the chunk's ids with its Normalize modules left out (the rows before the
-Normalize that chunking pools); the weight of a chunk is its tokens, special and prompt tokens included (what ran). A
+Normalize that chunking pools; a Pooling of include_prompt false leaves [CLS] and the prompt out of each chunk, as
+encode's prompt_length does); the weight of a chunk is its tokens, special and prompt tokens included (what ran). A
 text within max_seq_length (content <= window) is one chunk whose ids are sentence-transformers' own for prompt + text.
 
     chunk_ids(t, "w1 " * 20, None, None)   # max_seq_length 12, prompt "w1 w2 ": window 8, overlap 1, 3 chunks
@@ -56,9 +57,12 @@ def chunk_ids(t, text: str, name: str | None, overlap: int | None) -> list[list[
     return [[tok.cls_token_id, *p_ids, *content[a:b], tok.sep_token_id] for a, b in cut]
 
 
-def run_modules(t, ids: list[int], skip_normalize: bool = False) -> dict:
-    """The folder's modules (its Normalize ones left out where ``skip_normalize``) on one id sequence: the features."""
+def run_modules(t, ids: list[int], skip_normalize: bool = False, prompt_length: int | None = None) -> dict:
+    """The folder's modules (its Normalize ones left out where ``skip_normalize``) on one id sequence: the features.
+    prompt_length: [CLS] and the prompt's tokens, which a Pooling of include_prompt false leaves out (as encode sets it)."""
     features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+    if prompt_length:
+        features["prompt_length"] = prompt_length
     with torch.no_grad():
         for module in t.ref:
             if not (skip_normalize and type(module).__name__ == "Normalize"):
@@ -70,7 +74,9 @@ def chunked_row(t, text: str, name: str | None, overlap: int | None, skip_normal
     """(d,) the text's row under long_inputs="chunk": its chunks' rows before the Normalize, weighted by their tokens,
     then the Normalize (unless ``skip_normalize``: TEI's normalize=false)."""
     seqs = chunk_ids(t, text, name, overlap)
-    rows = torch.stack([run_modules(t, s, skip_normalize=True)["sentence_embedding"][0] for s in seqs])  # (C, d)
+    p_ids, _ = prompt_and_content(t, text, name)
+    prompt_length = 1 + len(p_ids) if p_ids else None
+    rows = torch.stack([run_modules(t, s, True, prompt_length)["sentence_embedding"][0] for s in seqs])  # (C, d)
     w = torch.tensor([float(len(s)) for s in seqs])  # (C,)
     row = (rows * w[:, None]).sum(0) / w.sum()
     return row if skip_normalize or not t.normalizes else torch.nn.functional.normalize(row, dim=-1)

@@ -1,5 +1,5 @@
-"""The server fuzzer (tests/fuzz_serve.py) at a small budget: random requests to seven tiny folders' servers (a
-chunking one with a cap on a request's tokens, and a SPLADE one, among them), every answer checked against
+"""The server fuzzer (tests/fuzz_serve.py) at a small budget: random requests to nine servers of seven tiny folders
+(three chunking ones with a cap on a request's tokens, and a SPLADE one, among them), every answer checked against
 sentence-transformers (SentenceTransformer.encode, its token_embeddings, SparseEncoder.encode, CrossEncoder.predict;
 chunked texts' rows built by hand) and the rules of btlib/serve's docstrings, never against btlib's own code; and
 each case's time, peak memory and largest forward against tests/serve_budget.py's bounds.
