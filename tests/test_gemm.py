@@ -262,7 +262,8 @@ def test_btlib_path_at_panel_and_row_block_edges(M, N, K):
 @needs_gemm_cpp
 def test_btlib_gelu_epilogue_is_as_accurate_as_torchs():
     """Exact GELU by erfc (A&S 7.1.26) in registers: within 1e-6 of float64 over [-12, 12]; F.gelu's own fp32 error
-    is ~1.2e-6 there. NaN and +-inf give NaN, as F.gelu does on the CPU."""
+    is ~1.2e-6 there. NaN and +-inf give NaN. F.gelu gives NaN for NaN and -inf on every CPU here, and for +inf NaN
+    in torch's AVX-512 kernel but +inf in its AVX2 one (AMD EPYC Zen 3): btlib's NaN there is loud, not plausible."""
     x = torch.linspace(-12, 12, 20001).view(-1, 1)
     one = torch.ones(1, 1)
     with torch.inference_mode():
@@ -271,7 +272,8 @@ def test_btlib_gelu_epilogue_is_as_accurate_as_torchs():
         ys = gemm.linear(special, one, None, "gelu", path="btlib").view(-1)
     assert (y.double() - F.gelu(x.double())).abs().max() < 1e-6
     assert ys[:3].isnan().all() and ys[3:].eq(0).all()
-    assert torch.equal(ys[:3].isnan(), F.gelu(special).view(-1)[:3].isnan())
+    torch_nan = F.gelu(special).view(-1)[:3].isnan()
+    assert torch_nan[0] and torch_nan[2] and ys[:3].isnan().all()  # +inf: NaN or +inf in torch, by its ISA build
 
 
 @needs_gemm_cpp
