@@ -228,8 +228,11 @@ class Batch:
 
 
 class _Req:
+    """One simulated request of one text: what btlib.serve.slices.take reads of a Request."""
+
     def __init__(self, n: int, tokens: int, arrival: float):
         self.n, self.tokens, self.arrival, self.texts = n, tokens, arrival, [n]
+        self.lengths, self.taken = [tokens], 0
 
 
 class _Queue:
@@ -278,7 +281,7 @@ def simulate_batcher(arrivals_ms, tokens, *, max_batch_tokens: int = 512, max_wa
         while not BatchEncoder._full(q) and now < deadline:
             now = min(deadline, arr[pending[0]]) if pending else deadline
             admit(now)
-        batch = BatchEncoder._take(q)
+        batch = [s.request for s in BatchEncoder._take(q)]  # one text a request: each slice is a whole request
         n_tok = sum(r.tokens for r in batch)
         end = now + c0_ms + c1_ms * n_tok
         batches.append(Batch(tuple(r.n for r in batch), now, end, n_tok))
