@@ -51,6 +51,7 @@ import contextvars
 import functools
 import math
 import os
+import platform
 import sys
 from typing import Iterator
 
@@ -145,7 +146,8 @@ def _path_available(path: str, dtype: torch.dtype) -> str | None:
     if path == "int_mm":
         return tp.missing("int_mm")
     if path == "onednn_int8":
-        return tp.missing("qlinear_prepack") or tp.missing("qlinear_pointwise") or _broken.get((path, torch.int8))
+        return tp.missing("qlinear_prepack") or tp.missing("qlinear_pointwise") or _broken.get((path, torch.int8)) \
+            or _no_vnni()
     raise ValueError(f"path must be one of {PATHS + INT8_PATHS}; got {path!r}")
 
 
@@ -180,6 +182,19 @@ def choose(dtype: torch.dtype, M: int) -> str:
         if m_max is None or M <= m_max:
             return path
     return "torch"
+
+
+def _no_vnni() -> str | None:
+    """Why oneDNN's int8 linear is wrong on an x86 CPU without VNNI, or None: its u8 x s8 products are summed in pairs
+    into saturating 16-bit lanes (vpmaddubsw), so large activations clip (9% of the output's scale off on an AMD EPYC
+    Zen 3, where _int_mm was within 0.5%)."""
+    flags = hardware.cpu_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64") or not flags:
+        return None
+    if flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        return None
+    return ("oneDNN's int8 linear saturates 16-bit sums on an x86 CPU without VNNI (no avx512_vnni, avx_vnni or "
+            "amx_int8 in /proc/cpuinfo): torch._int_mm runs instead")
 
 
 def choose_int8(M: int, K: int | None = None, N: int | None = None) -> str:

@@ -117,7 +117,7 @@ def _flops(p: dict) -> float:
 # "sorted" (padded per batch, longest first), "none" (packed: no padding anywhere).
 PADDING = {"transformers": "file", "sentence_transformers": "sorted", "ort_fp32": "file", "ort_fp32_sorted": "sorted",
            "ort_opt": "file", "ort_opt_sorted": "sorted", "ort_int8_sorted": "sorted", "slow": "file", "fastpath": "file",
-           "fastpath_nested": "file", "packed": "none", "packed_bf16": "none", "packed_int8": "none",
+           "fastpath_nested": "file", "packed": "none", "packed_bf16": "none", "packed_int8": "none", "packed_padded": "file",
            **dict.fromkeys(("ov_fp32", "ov_default", "ov_int8_weights", "ov_int8_nncf", "ct2_fp32", "ct2_int8"), "sorted"),
            "fastembed": "file"}
 
