@@ -105,7 +105,7 @@ def test_onednn_linear_matches_f_linear():
 
 
 @pytest.mark.skipif(not ONEDNN or tp.missing("qlinear_pointwise") is not None, reason="this torch has no oneDNN int8 linear")
-@pytest.mark.skipif(__import__("btlib.gemm", fromlist=["_no_vnni"])._no_vnni() is not None,
+@pytest.mark.skipif(gemm._no_vnni() is not None,
                     reason="x86 without VNNI: oneDNN's int8 linear saturates, so btlib never takes it here (btlib.gemm._no_vnni)")
 def test_onednn_int8_linear_matches_its_dequantized_reference():
     qx, w8 = _ints(13, 32, low=0, high=256, dtype=torch.uint8), _ints(24, 32)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import time
 
+from .queue import tokenize
+
 __all__ = ["Overloaded", "refusal", "retry_after_s", "check_settings", "start_rate"]
 
 
@@ -81,8 +83,6 @@ def start_rate(model, budget: int, precision: str | None, runs: bool) -> tuple[i
     ``max_length``, timed after one untimed run (the first forward pays for the OpenMP pool and the kernels' first
     use). What ``max_wait_s`` divides by before any request has run: without it, a burst at a cold server filled the
     whole queue (``--max-wait-s 0.3``: a p50 wait of 8.6 s)."""
-    from .queue import tokenize
-
     length = max(1, min(budget, model.max_length))
     text = " ".join(["word"] * length)  # one token a word in every tokenizer here; truncated at max_length
     item = (text, text) if getattr(model, "scores_pairs", False) else text
